@@ -1,0 +1,67 @@
+"""Every way to build, test, lint and benchmark sgd: ``nox -s <session>``.
+
+Sessions install the packages in editable mode into their own virtualenv. The
+CPU torch wheel is pinned through ``constraints.txt`` so that no dependency
+drags in a CUDA build.
+"""
+
+from __future__ import annotations
+
+import os
+
+import nox
+
+nox.options.sessions = ["lint", "tests"]
+nox.options.reuse_venv = "yes"
+nox.options.error_on_missing_interpreters = True
+
+PYTHON = "3.11"
+CONSTRAINTS = ("-c", "constraints.txt")
+PACKAGES = ["packages/sgd-core", "packages/sgd-torch", "packages/sgd-testing"]
+TEST_DEPS = ["pytest>=8", "pytest-timeout", "setuptools", "wheel"]
+
+
+def _install(session: nox.Session, *extra: str) -> None:
+    # torch first, alone, so the pinned CPU wheel is what every later step sees.
+    session.install(*CONSTRAINTS, "torch==2.13.0")
+    session.install(*CONSTRAINTS, *[arg for p in PACKAGES for arg in ("-e", p)], *extra)
+
+
+@nox.session(python=PYTHON)
+def tests(session: nox.Session) -> None:
+    """The whole test suite: each package's tests and the end-to-end tests in tests/."""
+    _install(session, *TEST_DEPS)
+    args = session.posargs or ["packages", "tests"]
+    session.run("pytest", *args, env={"PYTHONUNBUFFERED": "1"})
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    """ruff on everything, mypy on the sgd core."""
+    _install(session, "ruff", "mypy")
+    session.run("ruff", "check", ".")
+    session.run("mypy", "packages/sgd-core/src/sgd")
+
+
+@nox.session(python=PYTHON)
+def demo(session: nox.Session) -> None:
+    """Train a small network on scikit-learn's digits with 2 workers on a local Ray."""
+    _install(session, "scikit-learn")
+    session.run("python", "examples/digits.py", *session.posargs, env={"PYTHONUNBUFFERED": "1"})
+
+
+@nox.session(python=PYTHON)
+def bench(session: nox.Session) -> None:
+    """Benchmarks; writes benchmarks/results/core.json and prints a table."""
+    _install(session)
+    session.run("python", "benchmarks/bench_core.py", *session.posargs, env={"PYTHONUNBUFFERED": "1"})
+
+
+@nox.session(python=PYTHON, venv_backend="none")
+def clean(session: nox.Session) -> None:
+    """Remove build leftovers (not the nox virtualenvs)."""
+    for root, dirs, _files in os.walk("."):
+        for d in list(dirs):
+            if d in ("__pycache__", ".pytest_cache") or d.endswith(".egg-info"):
+                session.run("rm", "-rf", os.path.join(root, d), external=True)
+                dirs.remove(d)

@@ -1,0 +1,49 @@
+"""sgd: distributed training on Ray actors.
+
+Re-exports only; see the modules for the code.
+"""
+
+from sgd._internal.backend_executor import TrainingFailedError, WorkerError
+from sgd.backend import Backend, BackendConfig, BackendSpec
+from sgd.callbacks import TrainingCallback
+from sgd.hookspecs import hookimpl
+from sgd.session import (
+    get_context,
+    get_dataset_shard,
+    load_checkpoint,
+    local_rank,
+    local_world_size,
+    node_rank,
+    report,
+    save_checkpoint,
+    world_rank,
+    world_size,
+)
+from sgd.trainer import Trainer, TrainingIterator
+from sgd.worker_group import ResourcesUnavailableError, WorkerGroup
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Backend",
+    "BackendConfig",
+    "BackendSpec",
+    "ResourcesUnavailableError",
+    "Trainer",
+    "TrainingCallback",
+    "TrainingFailedError",
+    "TrainingIterator",
+    "WorkerError",
+    "WorkerGroup",
+    "get_context",
+    "get_dataset_shard",
+    "hookimpl",
+    "load_checkpoint",
+    "local_rank",
+    "local_world_size",
+    "node_rank",
+    "report",
+    "save_checkpoint",
+    "world_rank",
+    "world_size",
+]

@@ -1,0 +1,3 @@
+from sgd.cli import main
+
+raise SystemExit(main())

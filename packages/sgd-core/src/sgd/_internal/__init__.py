@@ -1,0 +1,1 @@
+"""Machinery behind the public API; nothing here is a stable interface."""

@@ -1,0 +1,252 @@
+"""Driver side of training: owns the WorkerGroup and the backend lifecycle,
+starts runs and turns the workers' result batches into rounds.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
+
+import ray
+from ray.exceptions import RayActorError
+
+from sgd._internal.session import CHECKPOINT, DEFAULT_MAX_PENDING, RemoteError
+from sgd.backend import BackendConfig
+from sgd.plugins import get_plugin_manager
+from sgd.worker_group import WorkerGroup
+
+logger = logging.getLogger("sgd")
+
+#: Most items one poll returns.
+POLL_BATCH = 4096
+
+
+class TrainingFailedError(RuntimeError):
+    """Training could not finish: a worker died, or failures outlasted ``max_retries``."""
+
+
+class WorkerError(RuntimeError):
+    """The remote side of a user exception: rank, process and traceback.
+
+    Attached as ``__cause__`` of the re-raised original exception, or raised
+    itself when the original could not be sent to the driver.
+    """
+
+    def __init__(self, message: str, world_rank: int, remote_traceback: str):
+        super().__init__(message)
+        self.world_rank = world_rank
+        self.remote_traceback = remote_traceback
+
+
+def _raise_remote(err: RemoteError) -> None:
+    head = f"worker rank {err.world_rank} (pid {err.pid} on {err.hostname}) raised {err.type_name}: {err.message}"
+    cause = WorkerError(f"{head}\n\nRemote traceback:\n{err.traceback}", err.world_rank, err.traceback)
+    exc: Optional[BaseException] = None
+    if err.exc_bytes is not None:
+        import ray.cloudpickle as cloudpickle
+
+        try:
+            exc = cloudpickle.loads(err.exc_bytes)
+        except Exception:
+            exc = None
+    if exc is None:
+        raise cause
+    if hasattr(exc, "add_note"):
+        exc.add_note(f"[sgd] raised on {head.split(' raised ')[0]}; remote traceback above")
+    exc.sgd_world_rank = err.world_rank  # type: ignore[attr-defined]
+    raise exc from cause
+
+
+class RunState:
+    """Collects per-worker batches into rounds (one item per worker), in order."""
+
+    def __init__(self, workers: List[Any]):
+        n = len(workers)
+        self._workers = workers
+        self._pending: List[Deque[Tuple[str, Any]]] = [deque() for _ in range(n)]
+        self._done = [False] * n
+        self._counts = [0] * n
+        self._kind_counts: List[Dict[str, int]] = [{} for _ in range(n)]
+        self.returns: List[Any] = [None] * n
+        self._inflight: Dict[ray.ObjectRef, int] = {}
+
+    def next_round(self) -> Optional[Tuple[str, List[Any]]]:
+        """The next round as ``(kind, [data per worker])``, or ``None`` when every worker finished."""
+        while True:
+            if all(self._pending):
+                items = [p.popleft() for p in self._pending]
+                kinds = {k for k, _ in items}
+                if len(kinds) > 1:
+                    self._mismatch_kinds(items)
+                return items[0][0], [d for _, d in items]
+            if all(self._done):
+                if any(self._pending):
+                    self._mismatch()
+                return None
+            if any(self._done[i] and not self._pending[i] for i in range(len(self._pending))) and any(
+                self._pending
+            ):
+                self._mismatch()
+            for i, worker in enumerate(self._workers):
+                if not self._pending[i] and not self._done[i] and i not in self._inflight.values():
+                    self._inflight[worker._sgd_poll.remote(POLL_BATCH)] = i
+            ready, _ = ray.wait(list(self._inflight), num_returns=1)
+            for ref in ready:
+                i = self._inflight.pop(ref)
+                try:
+                    batch, finished, value, error = ray.get(ref)
+                except RayActorError as exc:
+                    raise TrainingFailedError(f"worker rank {i} died during training: {exc}") from exc
+                if error is not None:
+                    _raise_remote(error)
+                for kind, data in batch:
+                    self._counts[i] += 1
+                    self._kind_counts[i][kind] = self._kind_counts[i].get(kind, 0) + 1
+                self._pending[i].extend(batch)
+                if finished:
+                    self._done[i] = True
+                    self.returns[i] = value
+
+    def _describe(self) -> str:
+        parts = []
+        for i, counts in enumerate(self._kind_counts):
+            reports = counts.get("report", 0)
+            ckpts = counts.get(CHECKPOINT, 0)
+            state = "finished" if self._done[i] else "running"
+            parts.append(f"rank {i}: {reports} report(s), {ckpts} checkpoint(s) so far, {state}")
+        return "; ".join(parts)
+
+    def _mismatch(self) -> None:
+        raise RuntimeError(
+            "workers called sgd.report / sgd.save_checkpoint a different number of times "
+            f"({self._describe()}). Every worker must report and checkpoint the same number of times."
+        )
+
+    def _mismatch_kinds(self, items: List[Tuple[str, Any]]) -> None:
+        detail = ", ".join(f"rank {i} called {'save_checkpoint' if k == CHECKPOINT else 'report'}" for i, (k, _) in enumerate(items))
+        raise RuntimeError(
+            f"workers are out of step: {detail} at the same point. Every worker must call "
+            "sgd.report and sgd.save_checkpoint in the same order."
+        )
+
+    def abandon(self) -> None:
+        self._inflight.clear()
+
+
+class BackendExecutor:
+    """Starts the worker group, sets the backend up through the hooks, runs training."""
+
+    def __init__(
+        self,
+        backend_config: BackendConfig,
+        num_workers: int,
+        resources_per_worker: Dict[str, float],
+        max_pending: int = DEFAULT_MAX_PENDING,
+    ):
+        self.backend_config = backend_config
+        self.num_workers = num_workers
+        self.resources_per_worker = dict(resources_per_worker)
+        self.max_pending = max_pending
+        self.worker_group: Optional[WorkerGroup] = None
+        self._initialization_hook: Optional[Callable[[], Any]] = None
+        self._needs_restart = False
+        self._backend = backend_config.backend_cls()
+
+    @property
+    def hook(self):
+        return get_plugin_manager().hook
+
+    def start(
+        self,
+        initialization_hook: Optional[Callable[[], Any]] = None,
+        actor_cls: Optional[type] = None,
+        actor_cls_args: Optional[tuple] = None,
+        actor_cls_kwargs: Optional[dict] = None,
+    ) -> WorkerGroup:
+        res = dict(self.resources_per_worker)
+        cpus = res.pop("CPU", 0)
+        gpus = res.pop("GPU", 0)
+        self._initialization_hook = initialization_hook
+        self.worker_group = WorkerGroup(
+            num_workers=self.num_workers,
+            num_cpus_per_worker=cpus,
+            num_gpus_per_worker=gpus,
+            additional_resources_per_worker=res,
+            actor_cls=actor_cls,
+            actor_cls_args=actor_cls_args,
+            actor_cls_kwargs=actor_cls_kwargs,
+        )
+        try:
+            self._setup()
+        except BaseException:
+            self.worker_group.shutdown(patience_s=0)
+            self.worker_group = None
+            raise
+        self.worker_group.add_shutdown_hook(self._teardown)
+        return self.worker_group
+
+    def _setup(self) -> None:
+        assert self.worker_group is not None
+        if self._initialization_hook is not None:
+            self.worker_group.execute(self._initialization_hook)
+        self.hook.sgd_backend_setup(worker_group=self.worker_group, backend_config=self.backend_config)
+        self._needs_restart = False
+
+    def _teardown(self, worker_group: WorkerGroup) -> None:
+        if self._needs_restart:
+            return  # the process group is in an unknown state; killing the actors cleans up
+        self.hook.sgd_backend_teardown(worker_group=worker_group, backend_config=self.backend_config)
+
+    def _restart(self) -> None:
+        assert self.worker_group is not None
+        logger.info("restarting %d workers", self.num_workers)
+        self.worker_group.restart_actors()
+        self._setup()
+
+    def start_training(
+        self,
+        train_func: Callable[[], Any],
+        checkpoint: Optional[dict] = None,
+        dataset_shards: Optional[List[Any]] = None,
+    ) -> RunState:
+        if self.worker_group is None:
+            raise RuntimeError("the trainer is not started; call trainer.start() first")
+        if self._needs_restart:
+            self._restart()
+        wg = self.worker_group
+        self.hook.sgd_backend_training_start(worker_group=wg, backend_config=self.backend_config)
+        encode = self._backend.encode_data
+        shards = dataset_shards or [None] * len(wg)
+        ray.get(
+            [
+                w._sgd_start_training.remote(train_func, encode, checkpoint, shard, self.max_pending)
+                for w, shard in zip(wg.workers, shards)
+            ]
+        )
+        # Until the run ends cleanly, assume it did not.
+        self._needs_restart = True
+        return RunState(wg.workers)
+
+    def end_training(self, ok: bool, error: Optional[BaseException] = None) -> None:
+        """Close a run: on success just forget it; on failure stop every worker at once."""
+        if self.worker_group is None:
+            return
+        if ok:
+            self._needs_restart = False
+            return
+        self._needs_restart = True
+        try:
+            self.hook.sgd_backend_handle_failure(
+                worker_group=self.worker_group, backend_config=self.backend_config, error=error
+            )
+        except Exception:
+            logger.exception("backend failure handler raised")
+        # A worker may be blocked in a collective its failed peer will never
+        # join; only killing the processes stops it. Fresh actors start lazily.
+        self.worker_group._stop_actors(patience_s=0)
+
+    def shutdown(self) -> None:
+        if self.worker_group is not None:
+            wg, self.worker_group = self.worker_group, None
+            wg.shutdown()

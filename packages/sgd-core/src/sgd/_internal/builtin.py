@@ -1,0 +1,34 @@
+"""sgd-core's own hook implementations, registered like any other plugin.
+
+The backend lifecycle hooks dispatch to the chosen config's :class:`sgd.Backend`,
+so a backend package implements ``Backend`` and other plugins can still add
+to every backend's setup through the same hooks.
+"""
+
+from __future__ import annotations
+
+from sgd.hookspecs import hookimpl
+
+
+def _backend(backend_config):
+    return backend_config.backend_cls()
+
+
+@hookimpl
+def sgd_backend_setup(worker_group, backend_config):
+    _backend(backend_config).on_start(worker_group, backend_config)
+
+
+@hookimpl
+def sgd_backend_training_start(worker_group, backend_config):
+    _backend(backend_config).on_training_start(worker_group, backend_config)
+
+
+@hookimpl
+def sgd_backend_teardown(worker_group, backend_config):
+    _backend(backend_config).on_shutdown(worker_group, backend_config)
+
+
+@hookimpl
+def sgd_backend_handle_failure(worker_group, backend_config, error):
+    _backend(backend_config).on_failure(worker_group, backend_config, error)

@@ -1,0 +1,259 @@
+"""Worker side of a run: the training thread and the bounded result buffer.
+
+One :class:`Session` per ``Trainer.run`` per worker process. The training
+function runs in a daemon thread; ``report`` and ``save_checkpoint`` append
+items to a bounded buffer that the driver drains in batches with
+:meth:`Session.poll` (one actor call returns every item available, so a
+report costs the worker a dict copy and an append, not a round trip).
+
+A checkpoint is a synchronisation point: ``save_checkpoint`` returns only once
+the driver has processed the round that holds it, which the driver signals by
+polling again (it polls a worker only after every item it got from that worker
+went through a round).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import traceback
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
+
+REPORT = "report"
+CHECKPOINT = "checkpoint"
+
+#: How many items a worker may buffer ahead of the driver before ``report`` blocks.
+DEFAULT_MAX_PENDING = int(os.environ.get("SGD_MAX_PENDING_RESULTS", "1024"))
+
+
+class StopTraining(BaseException):
+    """Raised inside the training thread when the driver asked the run to stop.
+
+    A ``BaseException`` so that ``except Exception`` in user code does not swallow it.
+    """
+
+
+@dataclass
+class WorkerContext:
+    """Where this worker sits in the group. Set by the worker group on start."""
+
+    world_rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    node_rank: int = 0
+    local_world_size: int = 1
+
+    # Method names follow Ray Train's TrainContext so code moves over unchanged.
+    def get_world_rank(self) -> int:
+        return self.world_rank
+
+    def get_local_rank(self) -> int:
+        return self.local_rank
+
+    def get_world_size(self) -> int:
+        return self.world_size
+
+    def get_node_rank(self) -> int:
+        return self.node_rank
+
+    def get_local_world_size(self) -> int:
+        return self.local_world_size
+
+
+@dataclass
+class RemoteError:
+    """A user exception captured on a worker, shipped to the driver."""
+
+    exc_bytes: Optional[bytes]
+    type_name: str
+    message: str
+    traceback: str
+    world_rank: int
+    pid: int
+    hostname: str
+
+
+class _Item:
+    __slots__ = ("kind", "data", "acked")
+
+    def __init__(self, kind: str, data: Any):
+        self.kind = kind
+        self.data = data
+        self.acked = False
+
+
+class Session:
+    """State of one training run inside one worker process."""
+
+    def __init__(
+        self,
+        train_func: Callable[[], Any],
+        context: WorkerContext,
+        encode: Callable[[Any], Any],
+        checkpoint: Optional[dict] = None,
+        dataset_shard: Any = None,
+        max_pending: int = DEFAULT_MAX_PENDING,
+    ):
+        self._train_func = train_func
+        self.context = context
+        self._encode = encode
+        self.loaded_checkpoint = checkpoint
+        self.dataset_shard = dataset_shard
+        self._max_pending = max(1, max_pending)
+
+        self._cv = threading.Condition()
+        self._items: Deque[_Item] = deque()
+        self._delivered_checkpoints: List[_Item] = []
+        self._finished = False
+        self._stop = False
+        self._result: Any = None
+        self._error: Optional[RemoteError] = None
+
+        self._iteration = 0
+        self._start_time = time.time()
+        self._last_report_time = self._start_time
+        self._detailed = os.environ.get("SGD_RESULT_ENABLE_DETAILED_AUTOFILLED_METRICS", "0") == "1"
+        self._thread = threading.Thread(target=self._run, name="sgd-train", daemon=True)
+
+    # --- training thread -----------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        result, error = None, None
+        try:
+            result = self._encode(self._train_func())
+        except StopTraining:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - everything goes back to the driver
+            error = self._capture(exc)
+        with self._cv:
+            self._result, self._error, self._finished = result, error, True
+            self._cv.notify_all()
+
+    def _capture(self, exc: BaseException) -> RemoteError:
+        import ray.cloudpickle as cloudpickle
+
+        tb = traceback.format_exc()
+        try:
+            exc_bytes: Optional[bytes] = cloudpickle.dumps(exc)
+            cloudpickle.loads(exc_bytes)
+        except Exception:  # an exception that does not survive pickling
+            exc_bytes = None
+        return RemoteError(
+            exc_bytes,
+            f"{type(exc).__module__}.{type(exc).__qualname__}",
+            str(exc),
+            tb,
+            self.context.world_rank,
+            os.getpid(),
+            socket.gethostname(),
+        )
+
+    # --- called from the training thread ------------------------------------
+
+    def _autofill(self, metrics: Dict[str, Any]) -> Dict[str, Any]:
+        now = time.time()
+        self._iteration += 1
+        out = self._encode(dict(metrics))
+        out["_timestamp"] = int(now)
+        out["_time_this_iter_s"] = now - self._last_report_time
+        out["_training_iteration"] = self._iteration
+        if self._detailed:
+            out["_date"] = time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(now))
+            out["_time_total_s"] = now - self._start_time
+            out["_pid"] = os.getpid()
+            out["_hostname"] = socket.gethostname()
+            out["_node_ip"] = _node_ip()
+        self._last_report_time = now
+        return out
+
+    def _put(self, item: _Item) -> None:
+        with self._cv:
+            while len(self._items) >= self._max_pending and not self._stop:
+                self._cv.wait()
+            if self._stop:
+                raise StopTraining()
+            self._items.append(item)
+            self._cv.notify_all()
+
+    def report(self, metrics: Dict[str, Any]) -> None:
+        self._put(_Item(REPORT, self._autofill(metrics)))
+
+    def save_checkpoint(self, state: Dict[str, Any]) -> None:
+        # Only rank 0's state is kept; the other ranks send a marker so that
+        # the driver can still check that every rank took part.
+        data = self._encode(dict(state)) if self.context.world_rank == 0 else None
+        item = _Item(CHECKPOINT, data)
+        self._put(item)
+        with self._cv:
+            while not item.acked and not self._stop:
+                self._cv.wait()
+            if self._stop:
+                raise StopTraining()
+        self.loaded_checkpoint = state
+
+    # --- called by the driver through the actor -------------------------------
+
+    def poll(self, max_items: int) -> Tuple[List[Tuple[str, Any]], bool, Any, Optional[RemoteError]]:
+        """Block until items are available or the run ended; return a batch.
+
+        :returns: ``(items, finished, return_value, error)``; ``finished`` is
+            only true once every item has been handed out.
+        """
+        with self._cv:
+            # This call means the driver processed everything it got before.
+            if self._delivered_checkpoints:
+                for item in self._delivered_checkpoints:
+                    item.acked = True
+                self._delivered_checkpoints.clear()
+                self._cv.notify_all()
+            while not self._items and not self._finished:
+                self._cv.wait()
+            batch: List[Tuple[str, Any]] = []
+            while self._items and len(batch) < max_items:
+                item = self._items.popleft()
+                batch.append((item.kind, item.data))
+                if item.kind == CHECKPOINT:
+                    self._delivered_checkpoints.append(item)
+                    break
+            self._cv.notify_all()
+            finished = self._finished and not self._items
+            return batch, finished, self._result if finished else None, self._error if finished else None
+
+    def stop(self) -> None:
+        """Ask the training thread to stop at its next report or checkpoint."""
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
+
+_node_ip_cache: Optional[str] = None
+
+
+def _node_ip() -> str:
+    global _node_ip_cache
+    if _node_ip_cache is None:
+        import ray.util
+
+        _node_ip_cache = ray.util.get_node_ip_address()
+    return _node_ip_cache
+
+
+class WorkerState:
+    """Per-process state of an sgd worker actor (one per process)."""
+
+    context: Optional[WorkerContext] = None
+    session: Optional[Session] = None
+
+
+STATE = WorkerState()

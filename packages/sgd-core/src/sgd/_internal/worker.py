@@ -1,0 +1,101 @@
+"""The Ray actor every sgd worker is: a plain class, or the user's ``actor_cls`` plus this mixin."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import ray
+
+from sgd._internal.session import STATE, Session, WorkerContext
+
+#: Concurrency group for driver calls that must run while user code occupies the
+#: default group (polling a run, reading metadata). User methods stay sequential.
+CONTROL_GROUP = "sgd_control"
+
+
+@dataclass
+class WorkerMetadata:
+    """Where a worker actor runs."""
+
+    node_id: str
+    node_ip: str
+    hostname: str
+    pid: int
+    gpu_ids: List[str]
+
+
+class WorkerMixin:
+    """Methods sgd calls on each worker actor; mixed into the user's ``actor_cls`` if any."""
+
+    def _sgd_execute(self, fn: Callable[..., Any], args: Tuple, kwargs: Dict[str, Any]) -> Any:
+        return fn(*args, **kwargs)
+
+    @ray.method(concurrency_group=CONTROL_GROUP)
+    def _sgd_metadata(self) -> WorkerMetadata:
+        return WorkerMetadata(
+            node_id=ray.get_runtime_context().get_node_id(),
+            node_ip=ray.util.get_node_ip_address(),
+            hostname=socket.gethostname(),
+            pid=os.getpid(),
+            gpu_ids=[str(g) for g in ray.get_gpu_ids()],
+        )
+
+    @ray.method(concurrency_group=CONTROL_GROUP)
+    def _sgd_set_context(self, context: WorkerContext) -> None:
+        STATE.context = context
+
+    def _sgd_start_training(
+        self,
+        train_func: Callable[[], Any],
+        encode: Callable[[Any], Any],
+        checkpoint: Optional[dict],
+        dataset_shard: Any,
+        max_pending: int,
+    ) -> None:
+        previous = STATE.session
+        if previous is not None and not previous.finished:
+            raise RuntimeError("a training function is still running on this worker")
+        assert STATE.context is not None, "worker context must be set before training"
+        session = Session(train_func, STATE.context, encode, checkpoint, dataset_shard, max_pending)
+        STATE.session = session
+        session.start()
+
+    @ray.method(concurrency_group=CONTROL_GROUP)
+    def _sgd_poll(self, max_items: int):
+        session = STATE.session
+        if session is None:
+            raise RuntimeError("no training run on this worker")
+        return session.poll(max_items)
+
+    @ray.method(concurrency_group=CONTROL_GROUP)
+    def _sgd_end_training(self) -> None:
+        session, STATE.session = STATE.session, None
+        if session is not None:
+            session.stop()
+
+
+class _PlainWorker(WorkerMixin):
+    pass
+
+
+_REMOTE_CLASSES: Dict[Any, Any] = {}
+
+
+def remote_worker_class(actor_cls: Optional[type]) -> Any:
+    """The Ray actor class for workers; with ``actor_cls``, a subclass of it and the mixin."""
+    key = actor_cls or _PlainWorker
+    cls = _REMOTE_CLASSES.get(key)
+    if cls is None:
+        if actor_cls is None:
+            base = _PlainWorker
+        else:
+            if isinstance(actor_cls, ray.actor.ActorClass):
+                actor_cls = actor_cls.__ray_actor_class__
+            # Not findable by name in this module, so cloudpickle ships it by value.
+            base = type(actor_cls.__name__, (actor_cls, WorkerMixin), {"__module__": __name__})
+        cls = ray.remote(concurrency_groups={CONTROL_GROUP: 4})(base)
+        _REMOTE_CLASSES[key] = cls
+    return cls

@@ -1,0 +1,76 @@
+"""Backends: what turns N Ray actors into one training job.
+
+A backend package provides a :class:`BackendConfig` dataclass (what the user
+configures) whose :attr:`~BackendConfig.backend_cls` names a :class:`Backend`
+(the lifecycle run on the driver), and declares it with the
+:func:`~sgd.hookspecs.sgd_backends` hook.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional, Type
+
+if TYPE_CHECKING:
+    from sgd.worker_group import WorkerGroup
+
+
+class Backend:
+    """Lifecycle of one distributed framework, run on the driver.
+
+    Each method receives the started :class:`~sgd.WorkerGroup` (world-rank
+    order) and runs code on the workers with ``worker_group.execute``.
+    The defaults do nothing.
+    """
+
+    def on_start(self, worker_group: "WorkerGroup", backend_config: "BackendConfig") -> None:
+        """Set the framework up on every worker (after ranks are assigned)."""
+
+    def on_training_start(self, worker_group: "WorkerGroup", backend_config: "BackendConfig") -> None:
+        """Called before each ``Trainer.run``."""
+
+    def on_shutdown(self, worker_group: "WorkerGroup", backend_config: "BackendConfig") -> None:
+        """Tear the framework down while the workers are still alive."""
+
+    def on_failure(
+        self, worker_group: "WorkerGroup", backend_config: "BackendConfig", error: BaseException
+    ) -> None:
+        """Called when the group failed, before it is torn down and restarted."""
+
+    @staticmethod
+    def encode_data(data: Any) -> Any:
+        """Turn a worker-side value (a report, a checkpoint, a return value) into
+        something the driver can load without the worker's devices. Runs on the
+        worker; the default returns ``data`` unchanged."""
+        return data
+
+
+@dataclass
+class BackendConfig:
+    """Base class of every backend's configuration (a dataclass).
+
+    Subclasses override :attr:`backend_cls` and :attr:`name`.
+    """
+
+    @property
+    def backend_cls(self) -> Type[Backend]:
+        return Backend
+
+    @property
+    def name(self) -> str:
+        """The registered backend name (``"torch"``...); ``"base"`` for the no-op backend."""
+        return "base"
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """A backend declared by a plugin through :func:`~sgd.hookspecs.sgd_backends`.
+
+    :param name: the name users pass as ``Trainer(backend=name)``.
+    :param config_cls: the :class:`BackendConfig` subclass; ``config_cls()`` must work.
+    :param provider: the distribution that provides it (for messages).
+    """
+
+    name: str
+    config_cls: Type[BackendConfig]
+    provider: Optional[str] = None

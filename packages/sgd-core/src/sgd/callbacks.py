@@ -1,0 +1,26 @@
+"""The callback interface the driver calls during ``Trainer.run``."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List
+
+
+class TrainingCallback:
+    """Base class for objects that observe a training run on the driver.
+
+    Override any of the three methods; the defaults do nothing. ``**info``
+    carries extra keyword arguments that later versions may add, so accept it.
+    """
+
+    def start_training(self, logdir: str, config: Dict[str, Any], **info: Any) -> None:
+        """Called once before the first result of a run.
+
+        :param logdir: the run directory (``trainer.latest_run_dir``).
+        :param config: the ``config`` passed to ``Trainer.run``.
+        """
+
+    def handle_result(self, results: List[Dict[str, Any]], **info: Any) -> None:
+        """Called once per report round with one dict per worker (world-rank order)."""
+
+    def finish_training(self, error: bool = False, **info: Any) -> None:
+        """Called once when the run ends, ``error=True`` if it raised."""

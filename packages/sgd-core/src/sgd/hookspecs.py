@@ -1,0 +1,191 @@
+"""Hook specifications: every extension point of sgd.
+
+Plugins implement these with :data:`sgd.hookimpl` and are found through the
+entry-point group ``sgd``. sgd's own defaults are registered as an ordinary
+plugin (``sgd._internal.builtin``), so core goes through the same hooks.
+
+Hook implementations may accept fewer arguments than the spec lists (pluggy
+passes only the ones they name), so specs can grow without breaking plugins.
+This module imports nothing heavy; types used only in annotations are imported
+under ``TYPE_CHECKING``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Optional, Sequence
+
+import pluggy
+
+if TYPE_CHECKING:
+    from sgd.backend import BackendConfig, BackendSpec
+    from sgd.callbacks import TrainingCallback
+    from sgd.trainer import Trainer
+    from sgd.worker_group import WorkerGroup
+
+hookspec = pluggy.HookspecMarker("sgd")
+#: Marker for hook implementations; re-exported as ``sgd.hookimpl``.
+hookimpl = pluggy.HookimplMarker("sgd")
+
+
+# --- discovery ---------------------------------------------------------------
+
+
+@hookspec
+def sgd_backends() -> Sequence["BackendSpec"]:
+    """Declare the training backends this plugin provides.
+
+    Called once when plugins are loaded. Every plugin may answer; the answers
+    are merged. Two plugins declaring the same backend name is an error that
+    ``sgd plugins`` reports and that :class:`sgd.Trainer` raises when the name
+    is asked for.
+
+    :returns: a sequence of :class:`sgd.BackendSpec` records
+        (``name``, ``config_cls``, ``provider``).
+
+    Example::
+
+        @sgd.hookimpl
+        def sgd_backends():
+            return [sgd.BackendSpec("jax", JaxConfig, provider="sgd-jax")]
+    """
+
+
+@hookspec
+def sgd_callbacks() -> Sequence[type]:
+    """Declare the :class:`sgd.TrainingCallback` classes this plugin provides.
+
+    Used for listing (``sgd plugins``) and lookup by class name. Every plugin
+    may answer; the answers are merged.
+
+    :returns: a sequence of callback classes.
+    """
+
+
+@hookspec
+def sgd_checkpoint_storage_schemes() -> Sequence[str]:
+    """Declare the URI schemes (``"s3"``, ``"gs"``, ``"memory"``...) whose checkpoint
+    storage this plugin provides. Used for listing only; the storage itself is
+    returned by :func:`sgd_checkpoint_storage`.
+
+    :returns: a sequence of scheme names without ``://``.
+    """
+
+
+# --- backend setup / teardown --------------------------------------------------
+
+
+@hookspec
+def sgd_backend_setup(worker_group: "WorkerGroup", backend_config: "BackendConfig") -> None:
+    """Make the started workers one training job (process group, ``TF_CONFIG``...).
+
+    Called by the driver after the workers are started, ranked, and have run
+    the user's ``initialization_hook``; before any training function runs. All
+    implementations are called; core's built-in implementation runs
+    ``backend_config.backend_cls().on_start(...)``, so a backend normally
+    implements :class:`sgd.Backend` instead of this hook. Implement this hook to
+    add to *every* backend's setup (for example to set environment variables).
+
+    :param worker_group: the started workers, in world-rank order.
+    :param backend_config: the configuration the trainer was created with.
+    """
+
+
+@hookspec
+def sgd_backend_training_start(worker_group: "WorkerGroup", backend_config: "BackendConfig") -> None:
+    """Prepare the workers for one call of ``Trainer.run`` (called before each run).
+
+    All implementations are called; the built-in one runs
+    ``Backend.on_training_start``.
+
+    :param worker_group: the started workers, in world-rank order.
+    :param backend_config: the trainer's backend configuration.
+    """
+
+
+@hookspec
+def sgd_backend_teardown(worker_group: "WorkerGroup", backend_config: "BackendConfig") -> None:
+    """Undo :func:`sgd_backend_setup` (destroy process groups...) before the workers stop.
+
+    Called by ``Trainer.shutdown`` while the workers are still alive. All
+    implementations are called; errors are logged, not raised, so that the
+    workers are always released.
+
+    :param worker_group: the workers about to be stopped.
+    :param backend_config: the trainer's backend configuration.
+    """
+
+
+@hookspec
+def sgd_backend_handle_failure(
+    worker_group: "WorkerGroup", backend_config: "BackendConfig", error: BaseException
+) -> None:
+    """React to a failed worker group before it is torn down and restarted.
+
+    Called when a worker raised or died. All implementations are called; the
+    built-in one runs ``Backend.on_failure``.
+
+    :param worker_group: the failed group (some actors may be dead).
+    :param backend_config: the trainer's backend configuration.
+    :param error: the error that ended the attempt.
+    """
+
+
+# --- result handling -----------------------------------------------------------
+
+
+@hookspec
+def sgd_default_callbacks(trainer: "Trainer") -> Sequence["TrainingCallback"]:
+    """Callbacks to add to every ``Trainer.run`` of ``trainer``.
+
+    All implementations are called; their callbacks run after the ones the
+    user passed, in plugin registration order.
+
+    :param trainer: the trainer about to run.
+    :returns: a sequence of callback instances (may be empty).
+    """
+
+
+@hookspec
+def sgd_handle_result(results: list, run_info: dict) -> None:
+    """Observe one round of results (one dict per worker, world-rank order).
+
+    Called on the driver for every report round, before user callbacks. All
+    implementations are called. Keep it fast: it sits on the report path.
+
+    :param results: the round, one metrics dict per worker.
+    :param run_info: ``{"run_dir": str, "logdir": str, "config": dict}``.
+    """
+
+
+# --- checkpoint storage ----------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def sgd_checkpoint_storage(uri: str) -> Optional[Any]:
+    """Return the checkpoint storage that handles ``uri``.
+
+    Stops at the first non-None result. Implement it for the URI schemes the
+    plugin declared in :func:`sgd_checkpoint_storage_schemes`; return ``None``
+    for any other URI.
+
+    :param uri: a local path or a URI such as ``s3://bucket/prefix``.
+    :returns: a storage object, or ``None`` if this plugin does not handle ``uri``.
+    """
+
+
+# --- tune adaptation ----------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def sgd_tune_trainable(trainer: "Trainer", train_func: Any, dataset: Any) -> Optional[Any]:
+    """Turn ``trainer`` and ``train_func`` into a Ray Tune trainable.
+
+    Stops at the first non-None result. Provided by ``sgd-tune``; when no
+    plugin answers, ``Trainer.to_tune_trainable`` raises ``ImportError`` naming
+    that package.
+
+    :param trainer: the (not started) trainer whose settings each trial copies.
+    :param train_func: the user's training function.
+    :param dataset: the dataset(s) to shard across each trial's workers, or ``None``.
+    :returns: a Tune trainable class, or ``None``.
+    """

@@ -1,0 +1,190 @@
+"""Plugin discovery: entry-point group ``sgd``, managed by pluggy.
+
+``SGD_DISABLE_PLUGIN_AUTOLOAD=1`` turns entry-point discovery off (only the
+built-in plugin and plugins registered by hand remain). ``SGD_PLUGINS=a,b``
+loads only the named entry points.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import pluggy
+
+from sgd import hookspecs
+from sgd.backend import BackendSpec
+
+ENTRY_POINT_GROUP = "sgd"
+
+# Packages that provide the backends users most often ask for by name.
+KNOWN_PROVIDERS = {"torch": "sgd-torch", "tensorflow": "sgd-tensorflow", "horovod": "sgd-horovod"}
+
+
+@dataclass
+class PluginFailure:
+    """An entry point that could not be loaded or registered."""
+
+    name: str
+    distribution: Optional[str]
+    reason: str
+
+
+@dataclass
+class _State:
+    pm: pluggy.PluginManager
+    failures: List[PluginFailure] = field(default_factory=list)
+    backends: Optional[Dict[str, BackendSpec]] = None
+    backend_conflicts: Dict[str, List[str]] = field(default_factory=dict)
+
+
+_lock = threading.RLock()
+_state: Optional[_State] = None
+
+
+def _truthy(value: Optional[str]) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _load_entry_points(pm: pluggy.PluginManager, failures: List[PluginFailure]) -> None:
+    only = os.environ.get("SGD_PLUGINS")
+    wanted = {n.strip() for n in only.split(",") if n.strip()} if only else None
+    seen: Dict[str, str] = {}
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        dist = ep.dist.name if ep.dist is not None else None
+        if wanted is not None and ep.name not in wanted:
+            continue
+        if ep.name in seen:
+            # pluggy would silently skip the second one; say so instead.
+            failures.append(
+                PluginFailure(ep.name, dist, f"entry point name {ep.name!r} already provided by {seen[ep.name]}")
+            )
+            continue
+        seen[ep.name] = dist or "?"
+        try:
+            module = ep.load()
+            pm.register(module, name=ep.name)
+        except Exception as exc:  # a broken plugin must not break sgd
+            failures.append(PluginFailure(ep.name, dist, f"{type(exc).__name__}: {exc}"))
+            continue
+        _DIST_OF_PLUGIN[ep.name] = dist
+
+
+_DIST_OF_PLUGIN: Dict[str, Optional[str]] = {}
+
+
+def _build() -> _State:
+    from sgd._internal import builtin
+
+    pm = pluggy.PluginManager("sgd")
+    pm.add_hookspecs(hookspecs)
+    pm.register(builtin, name="sgd-core")
+    _DIST_OF_PLUGIN["sgd-core"] = "sgd-core"
+    state = _State(pm=pm)
+    if not _truthy(os.environ.get("SGD_DISABLE_PLUGIN_AUTOLOAD")):
+        _load_entry_points(pm, state.failures)
+    return state
+
+
+def get_plugin_manager() -> pluggy.PluginManager:
+    """The process-wide plugin manager (built on first use)."""
+    return _get_state().pm
+
+
+def _get_state() -> _State:
+    global _state
+    with _lock:
+        if _state is None:
+            _state = _build()
+        return _state
+
+
+def reset() -> None:
+    """Forget loaded plugins; the next use discovers them again (after an install, in tests)."""
+    global _state
+    with _lock:
+        _state = None
+        _DIST_OF_PLUGIN.clear()
+        importlib.invalidate_caches()
+
+
+def register(plugin: object, name: Optional[str] = None) -> None:
+    """Register a plugin object (a module or instance with ``@sgd.hookimpl`` functions) by hand."""
+    state = _get_state()
+    with _lock:
+        state.pm.register(plugin, name=name)
+        state.backends = None
+
+
+def plugin_distribution(plugin_name: str) -> Optional[str]:
+    return _DIST_OF_PLUGIN.get(plugin_name)
+
+
+def load_failures() -> List[PluginFailure]:
+    """Entry points that failed to load, with the reason."""
+    return list(_get_state().failures)
+
+
+def _collect_backends(state: _State) -> None:
+    backends: Dict[str, BackendSpec] = {}
+    conflicts: Dict[str, List[str]] = {}
+    for impl in state.pm.hook.sgd_backends.get_hookimpls():
+        try:
+            specs = impl.function() or []
+        except Exception as exc:
+            state.failures.append(PluginFailure(impl.plugin_name, plugin_distribution(impl.plugin_name), repr(exc)))
+            continue
+        for spec in specs:
+            provider = spec.provider or plugin_distribution(impl.plugin_name) or impl.plugin_name
+            if spec.name in backends:
+                first = backends[spec.name].provider or "?"
+                conflicts.setdefault(spec.name, [first]).append(provider)
+                continue
+            backends[spec.name] = BackendSpec(spec.name, spec.config_cls, provider)
+    state.backends = backends
+    state.backend_conflicts = conflicts
+
+
+def available_backends() -> Dict[str, BackendSpec]:
+    """Backend name → :class:`BackendSpec` for every installed backend."""
+    state = _get_state()
+    with _lock:
+        if state.backends is None:
+            _collect_backends(state)
+        assert state.backends is not None
+        return dict(state.backends)
+
+
+def backend_conflicts() -> Dict[str, List[str]]:
+    """Backend names declared by more than one plugin → the providers."""
+    available_backends()
+    return dict(_get_state().backend_conflicts)
+
+
+def resolve_backend(name: str) -> BackendSpec:
+    """The :class:`BackendSpec` registered under ``name``.
+
+    :raises ValueError: the name is unknown (the message lists installed
+        backends and the package that would provide it) or declared twice.
+    """
+    backends = available_backends()
+    conflicts = backend_conflicts()
+    if name in conflicts:
+        raise ValueError(
+            f"backend {name!r} is provided by more than one plugin ({', '.join(conflicts[name])}); "
+            "uninstall one of them, or pass a BackendConfig instance instead of the name."
+        )
+    if name in backends:
+        return backends[name]
+    installed = ", ".join(sorted(backends)) or "none"
+    package = KNOWN_PROVIDERS.get(name, f"sgd-{name}")
+    hint = ""
+    if _truthy(os.environ.get("SGD_DISABLE_PLUGIN_AUTOLOAD")):
+        hint = " (plugin autoload is off: SGD_DISABLE_PLUGIN_AUTOLOAD is set)"
+    raise ValueError(
+        f"unknown backend {name!r}; installed: {installed}{hint}. "
+        f"Install '{package}' (pip install {package}) or pass a BackendConfig instance."
+    )

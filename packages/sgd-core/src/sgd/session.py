@@ -1,0 +1,130 @@
+"""The session API, called inside a training function on each worker.
+
+``report``, ``save_checkpoint``, ``load_checkpoint`` and ``get_dataset_shard``
+raise :class:`RuntimeError` outside a training function. The rank getters
+work in any sgd worker (also in the methods of a class-level
+:class:`~sgd.WorkerGroup`); in a process that is not an sgd worker they warn
+and return the values of a single-process job (rank 0, world size 1), so a
+training function can be debugged by calling it directly.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Dict, Optional
+
+from sgd._internal.session import STATE, Session, WorkerContext
+
+__all__ = [
+    "report",
+    "save_checkpoint",
+    "load_checkpoint",
+    "world_rank",
+    "local_rank",
+    "world_size",
+    "node_rank",
+    "local_world_size",
+    "get_dataset_shard",
+    "get_context",
+]
+
+
+def _session(what: str) -> Session:
+    session = STATE.session
+    if session is None:
+        raise RuntimeError(
+            f"sgd.{what}() was called outside a training function. Call it inside the "
+            "function passed to Trainer.run / run_iterator."
+        )
+    return session
+
+
+def _context() -> WorkerContext:
+    context = STATE.context
+    if context is None:
+        warnings.warn(
+            "sgd rank getters called outside an sgd worker; returning the values of a "
+            "single-process job (rank 0, world size 1).",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return WorkerContext()
+    return context
+
+
+def report(metrics: Optional[Dict[str, Any]] = None, /, **kwargs: Any) -> None:
+    """Report metrics from this worker: ``sgd.report(loss=0.1)`` or ``sgd.report({"loss": 0.1})``.
+
+    Every worker must report the same number of times. The worker may run ahead
+    of the driver by a bounded number of reports (``SGD_MAX_PENDING_RESULTS``,
+    default 1024) before this call blocks.
+    """
+    if metrics is not None and not isinstance(metrics, dict):
+        raise TypeError(f"sgd.report() takes a dict or keyword arguments, not {type(metrics).__name__}")
+    data = {**metrics, **kwargs} if metrics else kwargs
+    _session("report").report(data)
+
+
+def save_checkpoint(**state: Any) -> None:
+    """Save a checkpoint of this run. Every rank must call it; only rank 0's state is kept.
+
+    Returns once the driver has received the checkpoint (a synchronisation point).
+    """
+    _session("save_checkpoint").save_checkpoint(state)
+
+
+def load_checkpoint() -> Optional[Dict[str, Any]]:
+    """The latest ``save_checkpoint`` state of this run, else the checkpoint passed to ``run``, else ``None``."""
+    return _session("load_checkpoint").loaded_checkpoint
+
+
+def get_dataset_shard(name: Optional[str] = None) -> Any:
+    """This worker's shard of the ``dataset`` passed to ``Trainer.run``.
+
+    With a dict of datasets pass its ``name``. Returns ``None`` (with a
+    warning) when no dataset was passed.
+    """
+    shard = _session("get_dataset_shard").dataset_shard
+    if shard is None:
+        warnings.warn("sgd.get_dataset_shard(): no dataset was passed to Trainer.run", RuntimeWarning, stacklevel=2)
+        return None
+    if isinstance(shard, dict):
+        if name is None:
+            raise RuntimeError(
+                f"several datasets were passed to Trainer.run ({', '.join(map(str, shard))}); "
+                "call sgd.get_dataset_shard(name) with one of those names."
+            )
+        if name not in shard:
+            raise KeyError(f"no dataset named {name!r}; passed: {', '.join(map(str, shard))}")
+        return shard[name]
+    return shard
+
+
+def world_rank() -> int:
+    """This worker's rank among all workers (0 … world_size-1)."""
+    return _context().world_rank
+
+
+def local_rank() -> int:
+    """This worker's rank among the workers on its node."""
+    return _context().local_rank
+
+
+def world_size() -> int:
+    """How many workers take part in the run."""
+    return _context().world_size
+
+
+def node_rank() -> int:
+    """The index of this worker's node among the group's nodes."""
+    return _context().node_rank
+
+
+def local_world_size() -> int:
+    """How many workers run on this worker's node."""
+    return _context().local_world_size
+
+
+def get_context() -> WorkerContext:
+    """An object with ``get_world_rank()``, ``get_local_rank()``, ``get_world_size()``, ``get_node_rank()``."""
+    return _context()

@@ -1,0 +1,370 @@
+"""``Trainer``: run a training function on N Ray workers with a backend set up."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+from sgd._internal.backend_executor import BackendExecutor, RunState
+from sgd._internal.session import CHECKPOINT
+from sgd._internal.utils import wrap_train_func
+from sgd.backend import BackendConfig
+from sgd.callbacks import TrainingCallback
+from sgd.plugins import get_plugin_manager, resolve_backend
+from sgd.worker_group import WorkerGroup
+
+logger = logging.getLogger("sgd")
+
+_RUN_DIR = re.compile(r"^run_(\d{3,})$")
+
+
+def results_root() -> Path:
+    """Where runs go by default: ``$SGD_RESULTS_DIR`` or ``~/sgd_results``."""
+    return Path(os.environ.get("SGD_RESULTS_DIR") or "~/sgd_results").expanduser()
+
+
+def _resolve_logdir(logdir: Optional[Union[str, os.PathLike]]) -> Path:
+    if logdir is None:
+        stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+        return (results_root() / f"train_{stamp}").resolve()
+    path = Path(logdir).expanduser()
+    if not path.is_absolute():
+        path = results_root() / path
+    return path.resolve()
+
+
+def _resolve_backend(backend: Any) -> BackendConfig:
+    if isinstance(backend, BackendConfig):
+        return backend
+    if isinstance(backend, str):
+        return resolve_backend(backend).config_cls()
+    raise TypeError(
+        f"backend must be a backend name (str) or a BackendConfig instance, got {type(backend).__name__}"
+    )
+
+
+def _resolve_num_workers(num_workers: Any) -> Tuple[int, int]:
+    def ok(n: Any) -> bool:
+        return isinstance(n, int) and not isinstance(n, bool) and n > 0
+
+    if isinstance(num_workers, tuple):
+        if len(num_workers) != 2 or not all(ok(n) for n in num_workers) or num_workers[0] > num_workers[1]:
+            raise ValueError(f"num_workers as a tuple must be (min, max) with 0 < min <= max, got {num_workers!r}")
+        return num_workers
+    if not ok(num_workers):
+        raise ValueError(f"num_workers must be a positive int or a (min, max) tuple, got {num_workers!r}")
+    return num_workers, num_workers
+
+
+def _resolve_resources(use_gpu: bool, resources_per_worker: Optional[Dict[str, float]]) -> Dict[str, float]:
+    resources: Dict[str, float] = {"CPU": 1, "GPU": int(use_gpu)}
+    resources.update(resources_per_worker or {})  # a copy: the caller's dict is never changed
+    for key, value in resources.items():
+        if not isinstance(value, (int, float)) or value < 0:
+            raise ValueError(f"resources_per_worker[{key!r}] must be a number >= 0, got {value!r}")
+    if not use_gpu and resources["GPU"] > 0:
+        raise ValueError(
+            f"resources_per_worker asks for {resources['GPU']} GPU(s) but use_gpu=False; pass use_gpu=True "
+            "or drop 'GPU' from resources_per_worker."
+        )
+    if use_gpu and resources["GPU"] == 0:
+        raise ValueError("use_gpu=True but resources_per_worker sets 'GPU' to 0; set it above 0 or use_gpu=False.")
+    return resources
+
+
+class Trainer:
+    """Runs a training function on ``num_workers`` Ray actors with ``backend`` set up.
+
+    :param backend: a registered backend name (``"torch"``...) or a :class:`BackendConfig`.
+    :param num_workers: a positive int, or ``(min, max)`` for elastic training.
+    :param use_gpu: reserve one GPU per worker (unless ``resources_per_worker`` says otherwise).
+    :param resources_per_worker: Ray resources per worker; default ``{"CPU": 1, "GPU": int(use_gpu)}``.
+    :param logdir: where runs are written (default ``~/sgd_results/train_<timestamp>``).
+    :param max_retries: worker-group failures to recover from (``-1``: unlimited).
+    """
+
+    def __init__(
+        self,
+        backend: Union[str, BackendConfig] = "torch",
+        num_workers: Union[int, Tuple[int, int]] = 1,
+        use_gpu: bool = False,
+        resources_per_worker: Optional[Dict[str, float]] = None,
+        logdir: Optional[Union[str, os.PathLike]] = None,
+        max_retries: int = 3,
+    ):
+        self._min_workers, self._max_workers = _resolve_num_workers(num_workers)
+        self._backend_config = _resolve_backend(backend)
+        self._use_gpu = bool(use_gpu)
+        self._resources = _resolve_resources(self._use_gpu, resources_per_worker)
+        if not isinstance(max_retries, int) or max_retries < -1:
+            raise ValueError(f"max_retries must be an int >= -1 (-1: unlimited), got {max_retries!r}")
+        self.max_retries = max_retries
+        self.logdir: Path = _resolve_logdir(logdir)
+        self._executor: Optional[BackendExecutor] = None
+        self._latest_run_dir: Optional[Path] = None
+        self._latest_checkpoint: Optional[dict] = None
+
+    # --- properties -----------------------------------------------------------
+
+    @property
+    def backend_config(self) -> BackendConfig:
+        return self._backend_config
+
+    @property
+    def num_workers(self) -> int:
+        """Workers the trainer starts (the max of an elastic range)."""
+        return self._max_workers
+
+    @property
+    def resources_per_worker(self) -> Dict[str, float]:
+        return dict(self._resources)
+
+    @property
+    def latest_run_dir(self) -> Optional[Path]:
+        """``logdir/run_NNN`` of the latest run, ``None`` before the first."""
+        return self._latest_run_dir
+
+    @property
+    def latest_checkpoint_dir(self) -> Optional[Path]:
+        return self._latest_run_dir / "checkpoints" if self._latest_run_dir else None
+
+    @property
+    def latest_checkpoint(self) -> Optional[dict]:
+        """Rank 0's state from the latest ``sgd.save_checkpoint`` of the latest run."""
+        return self._latest_checkpoint
+
+    # --- lifecycle ----------------------------------------------------------------
+
+    def _make_executor(self) -> BackendExecutor:
+        return BackendExecutor(self._backend_config, self._max_workers, self._resources)
+
+    def start(self, initialization_hook: Optional[Callable[[], Any]] = None) -> None:
+        """Start the workers, run ``initialization_hook`` on each, set the backend up."""
+        if self._executor is not None:
+            raise RuntimeError("the trainer is already started; call shutdown() first")
+        executor = self._make_executor()
+        executor.start(initialization_hook)
+        self._executor = executor
+
+    def shutdown(self) -> None:
+        """Stop the workers and release their resources; ``start()`` may be called again."""
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown()
+
+    def __enter__(self) -> "Trainer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+    # --- running ----------------------------------------------------------------------
+
+    def _next_run_dir(self) -> Path:
+        self.logdir.mkdir(parents=True, exist_ok=True)
+        numbers = [int(m.group(1)) for p in self.logdir.iterdir() if (m := _RUN_DIR.match(p.name))]
+        run_dir = self.logdir / f"run_{max(numbers, default=0) + 1:03d}"
+        run_dir.mkdir()
+        return run_dir
+
+    def run_iterator(
+        self,
+        train_func: Callable[..., Any],
+        config: Optional[Dict[str, Any]] = None,
+        dataset: Any = None,
+        checkpoint: Any = None,
+        checkpoint_strategy: Any = None,
+        *,
+        callbacks: Optional[Sequence[TrainingCallback]] = None,
+    ) -> "TrainingIterator":
+        """Start ``train_func`` on every worker and return an iterator over report rounds."""
+        fn = wrap_train_func(train_func, config)
+        if self._executor is None:
+            raise RuntimeError("the trainer is not started; call trainer.start() before run()")
+        if checkpoint is not None and not isinstance(checkpoint, dict):
+            raise TypeError(f"checkpoint must be a dict, got {type(checkpoint).__name__}")
+        all_callbacks = list(callbacks or [])
+        for extra in get_plugin_manager().hook.sgd_default_callbacks(trainer=self):
+            all_callbacks.extend(extra or [])
+        self._latest_run_dir = self._next_run_dir()
+        self._latest_checkpoint = None
+        shards = _shard_dataset(dataset, self._max_workers)
+        return TrainingIterator(self, fn, config or {}, all_callbacks, checkpoint, shards)
+
+    def run(
+        self,
+        train_func: Callable[..., Any],
+        config: Optional[Dict[str, Any]] = None,
+        callbacks: Optional[Sequence[TrainingCallback]] = None,
+        dataset: Any = None,
+        checkpoint: Any = None,
+        checkpoint_strategy: Any = None,
+    ) -> List[Any]:
+        """Run ``train_func`` on every worker; its return values in world-rank order.
+
+        A user exception on any worker is re-raised here with its original
+        type (``__cause__`` holds the rank and remote traceback) and the other
+        workers are stopped at once.
+        """
+        iterator = self.run_iterator(
+            train_func, config, dataset=dataset, checkpoint=checkpoint,
+            checkpoint_strategy=checkpoint_strategy, callbacks=callbacks,
+        )
+        for _ in iterator:
+            pass
+        results = iterator.get_final_results()
+        assert results is not None
+        return results
+
+    # --- other entry points ------------------------------------------------------------
+
+    def to_worker_group(self, train_cls: type, *args: Any, **kwargs: Any) -> WorkerGroup:
+        """Start workers as instances of ``train_cls(*args, **kwargs)`` with the backend set up.
+
+        Shut the returned group down with ``WorkerGroup.shutdown()``.
+        """
+        executor = self._make_executor()
+        return executor.start(actor_cls=train_cls, actor_cls_args=args, actor_cls_kwargs=kwargs)
+
+    def to_tune_trainable(self, train_func: Callable[..., Any], dataset: Any = None) -> Any:
+        """A Ray Tune trainable running this trainer's setup per trial (needs ``sgd-tune``)."""
+        if self._executor is not None:
+            raise RuntimeError("to_tune_trainable() needs a trainer that is not started; call it before start()")
+        trainable = get_plugin_manager().hook.sgd_tune_trainable(trainer=self, train_func=train_func, dataset=dataset)
+        if trainable is None:
+            raise ImportError("Trainer.to_tune_trainable needs the sgd-tune package: pip install sgd-tune")
+        return trainable
+
+    def __str__(self) -> str:
+        res = self._resources
+        custom = {k: v for k, v in res.items() if k not in ("CPU", "GPU")}
+        n = self._max_workers
+        workers = f"{self._min_workers}-{n}" if self._min_workers != n else str(n)
+        rows = [
+            ("backend", self._backend_config.name, ""),
+            ("workers", workers, ""),
+            ("CPUs", f"{res['CPU']:g}", f"{res['CPU'] * n:g}"),
+            ("GPUs", f"{res['GPU']:g}", f"{res['GPU'] * n:g}"),
+        ]
+        rows += [(k, f"{v:g}", f"{v * n:g}") for k, v in sorted(custom.items())]
+        header = ("resource", "per worker", "total")
+        widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(3)]
+        line = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
+
+        def fmt(row: Tuple[str, str, str]) -> str:
+            return "| " + " | ".join(str(c).ljust(w) for c, w in zip(row, widths)) + " |"
+
+        state = "started" if self._executor is not None else "not started"
+        return "\n".join([f"sgd.Trainer ({state}, logdir={self.logdir})", line, fmt(header), line]
+                         + [fmt(r) for r in rows] + [line])
+
+    def __repr__(self) -> str:
+        return (f"Trainer(backend={self._backend_config.name!r}, num_workers={self._max_workers}, "
+                f"use_gpu={self._use_gpu}, resources_per_worker={self._resources})")
+
+
+def _shard_dataset(dataset: Any, n: int) -> Optional[List[Any]]:
+    """One item per worker: the shard of ``dataset`` (or dict of datasets) each worker gets."""
+    if dataset is None:
+        return None
+    if isinstance(dataset, dict):
+        per_name = {name: _split_one(ds, n) for name, ds in dataset.items()}
+        return [{name: shards[i] for name, shards in per_name.items()} for i in range(n)]
+    return _split_one(dataset, n)
+
+
+def _split_one(ds: Any, n: int) -> List[Any]:
+    if hasattr(ds, "streaming_split"):  # a Ray Dataset: each worker streams its own part
+        return list(ds.streaming_split(n, equal=True))
+    return [ds] * n
+
+
+class TrainingIterator:
+    """Iterates over the report rounds of one run; each item is a list of per-worker dicts."""
+
+    def __init__(
+        self,
+        trainer: Trainer,
+        train_func: Callable[[], Any],
+        config: Dict[str, Any],
+        callbacks: List[TrainingCallback],
+        checkpoint: Optional[dict],
+        dataset_shards: Optional[List[Any]],
+    ):
+        self._trainer = trainer
+        self._executor = trainer._executor
+        assert self._executor is not None
+        self._callbacks = callbacks
+        self._hook = get_plugin_manager().hook
+        self._run_info = {
+            "run_dir": str(trainer.latest_run_dir),
+            "logdir": str(trainer.logdir),
+            "config": config,
+        }
+        self._finished = False
+        self._final: Optional[List[Any]] = None
+        for cb in callbacks:
+            cb.start_training(logdir=str(trainer.latest_run_dir), config=config)
+        try:
+            self._run: RunState = self._executor.start_training(train_func, checkpoint, dataset_shards)
+        except BaseException:
+            self._finish(error=True)
+            raise
+
+    def __iter__(self) -> "TrainingIterator":
+        return self
+
+    def __next__(self) -> List[Dict[str, Any]]:
+        if self._finished:
+            raise StopIteration
+        try:
+            while True:
+                round_ = self._run.next_round()
+                if round_ is None:
+                    self._final = self._run.returns
+                    self._finish(error=False)
+                    raise StopIteration
+                kind, data = round_
+                if kind == CHECKPOINT:
+                    self._trainer._latest_checkpoint = data[0]
+                    continue
+                self._hook.sgd_handle_result(results=data, run_info=self._run_info)
+                for cb in self._callbacks:
+                    cb.handle_result(data)
+                return data
+        except StopIteration:
+            raise
+        except BaseException as exc:
+            self._finish(error=True, exc=exc)
+            raise
+
+    def _finish(self, error: bool, exc: Optional[BaseException] = None) -> None:
+        if self._finished:
+            return
+        self._finished = True
+        if self._executor is not None:
+            self._executor.end_training(ok=not error, error=exc)
+        for cb in self._callbacks:
+            try:
+                cb.finish_training(error=error)
+            except Exception:
+                if not error:
+                    raise
+                logger.exception("callback %r failed in finish_training", cb)
+
+    def is_finished(self) -> bool:
+        return self._finished
+
+    def get_final_results(self, force: bool = False) -> Optional[List[Any]]:
+        """The return values in rank order; ``None`` while running unless ``force``,
+        which drains (and hands to callbacks) the remaining rounds first."""
+        if not self._finished:
+            if not force:
+                return None
+            for _ in self:
+                pass
+        return self._final

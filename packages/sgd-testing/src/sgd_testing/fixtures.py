@@ -1,0 +1,116 @@
+"""Pytest plugin (entry point ``pytest11``) with the fixtures every sgd package's tests share.
+
+- ``ray_cluster``: one local Ray cluster per test session (4 logical CPUs),
+  restarted only if a test shut it down (the multi-node fixture does).
+- ``two_node_cluster``: its own two-node ``ray.cluster_utils.Cluster``, since a
+  driver can be connected to one cluster at a time.
+- ``results_dir``: ``SGD_RESULTS_DIR`` pointed at a temporary folder.
+- Test modules are pickled by value, so training functions defined in a test
+  file run on workers that cannot import the test file by name.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any, Callable, Dict, Iterator
+
+import pytest
+
+CLUSTER_CPUS = 4
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02, message: str = "") -> Any:
+    """Poll ``condition`` until it returns something truthy or ``timeout`` seconds pass.
+
+    :returns: the truthy value.
+    :raises AssertionError: the deadline passed.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(message or f"condition not met within {timeout}s")
+        time.sleep(interval)
+
+
+def _start_local_ray() -> None:
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=CLUSTER_CPUS, include_dashboard=False, log_to_driver=True)
+
+
+@pytest.fixture
+def ray_cluster() -> Iterator[Dict[str, float]]:
+    """A running local Ray cluster shared by the session; yields its total resources."""
+    import ray
+
+    _start_local_ray()
+    yield ray.cluster_resources()
+
+
+@pytest.fixture
+def two_node_cluster() -> Iterator[Any]:
+    """A fresh two-node local cluster (2 CPUs per node); the shared cluster is shut down first."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
+    cluster.add_node(num_cpus=2)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address)
+    try:
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def results_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):
+    """Point ``SGD_RESULTS_DIR`` at a per-test temporary folder."""
+    path = tmp_path_factory.mktemp("sgd_results")
+    monkeypatch.setenv("SGD_RESULTS_DIR", str(path))
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _pickle_test_module_by_value(request: pytest.FixtureRequest) -> None:
+    module = getattr(request, "module", None)
+    if module is None or module.__name__ not in sys.modules:
+        return
+    import ray.cloudpickle as cloudpickle
+
+    try:
+        cloudpickle.register_pickle_by_value(module)
+    except ValueError:
+        pass
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU (run on the lent device machine)")
+    config.addinivalue_line("markers", "multinode: starts its own two-node Ray cluster")
+    # Keep Ray quiet and quick in tests.
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    os.environ.setdefault("SGD_INFEASIBLE_TIMEOUT_S", "3")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
+    try:
+        import torch
+
+        has_gpu = torch.cuda.is_available()
+    except ImportError:
+        has_gpu = False
+    if has_gpu:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,33 @@
+"""sgd-torch: the PyTorch backend for sgd.
+
+``TorchConfig`` is importable without torch; the training helpers import it.
+"""
+
+from typing import Any
+
+from sgd_torch.config import TorchConfig
+
+_LAZY = {
+    "accelerate",
+    "backward",
+    "enable_reproducibility",
+    "get_device",
+    "prepare_data_loader",
+    "prepare_model",
+    "prepare_optimizer",
+}
+
+__version__ = "0.1.0"
+__all__ = ["TorchConfig", *sorted(_LAZY)]
+
+
+def __getattr__(name: str) -> Any:
+    # The helpers need torch; importing them lazily keeps `import sgd_torch`
+    # (done by plugin discovery in every process) free of a torch import.
+    if name in _LAZY:
+        try:
+            from sgd_torch import train_loop_utils
+        except ImportError as exc:  # pragma: no cover - depends on the environment
+            raise ImportError(f"sgd_torch.{name} needs PyTorch: pip install torch ({exc})") from exc
+        return getattr(train_loop_utils, name)
+    raise AttributeError(f"module 'sgd_torch' has no attribute {name!r}")

@@ -1,0 +1,189 @@
+"""``TorchConfig`` and the backend that sets up ``torch.distributed`` on the workers.
+
+Nothing here imports torch at module level: the plugin is loaded by every
+``import sgd``-using process, and torch is only needed on the workers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
+
+import ray
+
+from sgd.backend import Backend, BackendConfig
+
+if TYPE_CHECKING:
+    from sgd.worker_group import WorkerGroup
+
+logger = logging.getLogger("sgd.torch")
+
+_INIT_METHODS = ("env", "tcp")
+
+
+@dataclass
+class TorchConfig(BackendConfig):
+    """Configuration of the ``"torch"`` backend.
+
+    :param backend: ``torch.distributed`` backend; ``None`` means ``"nccl"``
+        when workers have GPUs, else ``"gloo"``.
+    :param init_method: ``"env"`` (``MASTER_ADDR``/``MASTER_PORT``) or ``"tcp"``
+        (``tcp://addr:port``).
+    :param timeout_s: timeout of collective operations, in seconds.
+    """
+
+    backend: Optional[str] = None
+    init_method: str = "env"
+    timeout_s: int = 1800
+
+    def __post_init__(self) -> None:
+        if self.init_method not in _INIT_METHODS:
+            raise ValueError(f"init_method must be 'env' or 'tcp', got {self.init_method!r}")
+        if self.backend is not None and self.backend not in ("gloo", "nccl", "mpi", "xccl", "ucc"):
+            raise ValueError(f"unknown torch.distributed backend {self.backend!r}; use 'gloo' or 'nccl'")
+        if self.timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
+
+    @property
+    def backend_cls(self) -> type:
+        return _TorchBackend
+
+    @property
+    def name(self) -> str:
+        return "torch"
+
+
+# --- functions run on the workers ------------------------------------------------
+
+
+def _free_port() -> "tuple[str, int]":
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return ray.util.get_node_ip_address(), s.getsockname()[1]
+
+
+def _set_env(env: Dict[str, str]) -> None:
+    os.environ.update(env)
+
+
+def _init_process_group(backend: str, init_method: str, rank: int, world_size: int, timeout_s: int) -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    if backend == "nccl":
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    dist.init_process_group(
+        backend=backend,
+        init_method=init_method,
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=timeout_s),
+    )
+
+
+def _destroy_process_group() -> None:
+    if "torch" not in sys.modules:
+        return
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+# --- driver side -----------------------------------------------------------------
+
+
+class _TorchBackend(Backend):
+    def on_start(self, worker_group: "WorkerGroup", backend_config: BackendConfig) -> None:
+        assert isinstance(backend_config, TorchConfig)
+        use_gpu = worker_group.num_gpus_per_worker > 0
+        backend = backend_config.backend or ("nccl" if use_gpu else "gloo")
+        if use_gpu:
+            self._share_cuda_devices(worker_group)
+        addr, port = worker_group.execute_single(0, _free_port)
+        if backend_config.init_method == "env":
+            init_method = "env://"
+        else:
+            init_method = f"tcp://{addr}:{port}"
+        n = len(worker_group)
+        refs = []
+        for rank, (worker, ctx) in enumerate(zip(worker_group.workers, worker_group.contexts)):
+            env = {
+                "MASTER_ADDR": addr,
+                "MASTER_PORT": str(port),
+                "RANK": str(rank),
+                "WORLD_SIZE": str(n),
+                "LOCAL_RANK": str(ctx.local_rank),
+                "LOCAL_WORLD_SIZE": str(ctx.local_world_size),
+                "NODE_RANK": str(ctx.node_rank),
+                "GROUP_RANK": str(ctx.node_rank),
+            }
+            refs.append(worker._sgd_execute.remote(_set_env, (env,), {}))
+        ray.get(refs)  # every worker has its env before any of them starts the rendezvous
+        ray.get(
+            [
+                worker._sgd_execute.remote(
+                    _init_process_group, (backend, init_method, rank, n, backend_config.timeout_s), {}
+                )
+                for rank, worker in enumerate(worker_group.workers)
+            ]
+        )
+
+    @staticmethod
+    def _share_cuda_devices(worker_group: "WorkerGroup") -> None:
+        """Let workers on one node see each other's GPUs (needed by NCCL peer-to-peer);
+        each still picks its own device through :func:`sgd_torch.get_device`."""
+        per_node: Dict[str, List[str]] = {}
+        for meta in worker_group.metadata:
+            per_node.setdefault(meta.node_id, []).extend(meta.gpu_ids)
+        refs = []
+        for worker, meta in zip(worker_group.workers, worker_group.metadata):
+            ids = sorted(set(per_node[meta.node_id]), key=lambda g: (len(g), g))
+            env = {"CUDA_VISIBLE_DEVICES": ",".join(ids), "SGD_OWN_GPU_IDS": ",".join(meta.gpu_ids)}
+            refs.append(worker._sgd_execute.remote(_set_env, (env,), {}))
+        ray.get(refs)
+
+    def on_shutdown(self, worker_group: "WorkerGroup", backend_config: BackendConfig) -> None:
+        worker_group.execute(_destroy_process_group)
+
+    @staticmethod
+    def encode_data(data: Any) -> Any:
+        if "torch" not in sys.modules:  # nothing can hold a tensor
+            return data
+        return _to_cpu(data)
+
+
+def _to_cpu(data: Any) -> Any:
+    import torch
+
+    if isinstance(data, (int, float, str, bool, type(None))):
+        return data
+    if isinstance(data, torch.Tensor):
+        return data.detach().cpu() if data.device.type != "cpu" else data.detach()
+    if isinstance(data, dict):
+        return {k: _to_cpu(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_to_cpu(v) for v in data]
+    if isinstance(data, tuple) and not hasattr(data, "_fields"):
+        return tuple(_to_cpu(v) for v in data)
+    if isinstance(data, torch.nn.Module):
+        return _module_to_cpu(data)
+    return data
+
+
+def _module_to_cpu(module: Any) -> Any:
+    import copy
+
+    import torch
+
+    if isinstance(module, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
+        module = module.module
+    on_device = any(t.device.type != "cpu" for t in list(module.parameters()) + list(module.buffers()))
+    # Copy rather than move: the worker keeps training its model on its device.
+    return copy.deepcopy(module).cpu() if on_device else module

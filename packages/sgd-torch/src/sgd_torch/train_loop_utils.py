@@ -1,0 +1,195 @@
+"""Helpers called inside a training function: devices, DDP, distributed samplers."""
+
+from __future__ import annotations
+
+import os
+import random
+from typing import Any, Dict, Iterator, Optional
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
+
+
+_amp_enabled = False
+_scaler: Optional[Any] = None
+
+
+def _world_size() -> int:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return 1
+
+
+def get_device() -> torch.device:
+    """This worker's device: its own GPU when it has one, else the CPU.
+
+    Workers on one node see all of the node's sgd GPUs (``CUDA_VISIBLE_DEVICES``
+    is shared so NCCL can use peer-to-peer); each picks the one Ray gave it.
+    """
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    own = [g for g in os.environ.get("SGD_OWN_GPU_IDS", "").split(",") if g]
+    visible = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g]
+    if own and visible and own[0] in visible:
+        return torch.device("cuda", visible.index(own[0]))
+    if own or visible:
+        return torch.device("cuda", 0)
+    return torch.device("cpu")
+
+
+def prepare_model(
+    model: torch.nn.Module,
+    move_to_device: bool = True,
+    wrap_ddp: bool = True,
+    ddp_kwargs: Optional[Dict[str, Any]] = None,
+) -> torch.nn.Module:
+    """Move ``model`` to this worker's device and wrap it in ``DistributedDataParallel``
+    when more than one worker takes part."""
+    device = get_device()
+    if move_to_device:
+        model = model.to(device)
+    if wrap_ddp and _world_size() > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        kwargs = dict(ddp_kwargs or {})
+        if device.type == "cuda":
+            kwargs.setdefault("device_ids", [device.index])
+            kwargs.setdefault("output_device", device.index)
+        model = DistributedDataParallel(model, **kwargs)
+    return model
+
+
+class _DeviceLoader:
+    """A DataLoader whose batches arrive on the worker's device and whose
+    ``DistributedSampler`` gets a new epoch on every pass."""
+
+    def __init__(self, loader: DataLoader, device: Optional[torch.device]):
+        self._loader = loader
+        self._device = device
+        self._epoch = 0
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+    def _move(self, batch: Any) -> Any:
+        if isinstance(batch, torch.Tensor):
+            return batch.to(self._device, non_blocking=True)
+        if isinstance(batch, (list, tuple)):
+            return type(batch)(self._move(b) for b in batch)
+        if isinstance(batch, dict):
+            return {k: self._move(v) for k, v in batch.items()}
+        return batch
+
+    def __iter__(self) -> Iterator[Any]:
+        sampler = getattr(self._loader, "sampler", None)
+        if isinstance(sampler, DistributedSampler):
+            sampler.set_epoch(self._epoch)
+        self._epoch += 1
+        for batch in self._loader:
+            yield self._move(batch) if self._device is not None else batch
+
+
+def prepare_data_loader(
+    data_loader: DataLoader, add_dist_sampler: bool = True, move_to_device: bool = True
+) -> Any:
+    """Give each worker its own part of ``data_loader``'s dataset (``DistributedSampler``)
+    and move batches to the worker's device.
+
+    Shuffling is kept if the loader shuffled. The sampler's epoch advances on
+    every pass over the returned loader, so each epoch shuffles differently.
+    """
+    if add_dist_sampler and _world_size() > 1 and not isinstance(data_loader.sampler, DistributedSampler):
+        shuffle = isinstance(data_loader.sampler, RandomSampler)
+        sampler = DistributedSampler(
+            data_loader.dataset,
+            num_replicas=_world_size(),
+            rank=dist.get_rank(),
+            shuffle=shuffle,
+        )
+        data_loader = DataLoader(
+            data_loader.dataset,
+            batch_size=data_loader.batch_size,
+            sampler=sampler,
+            num_workers=data_loader.num_workers,
+            collate_fn=data_loader.collate_fn,
+            pin_memory=data_loader.pin_memory,
+            drop_last=data_loader.drop_last,
+            timeout=data_loader.timeout,
+            worker_init_fn=data_loader.worker_init_fn,
+            generator=data_loader.generator,
+            prefetch_factor=data_loader.prefetch_factor if data_loader.num_workers > 0 else None,
+            persistent_workers=data_loader.persistent_workers,
+        )
+    device = get_device()
+    return _DeviceLoader(data_loader, device if move_to_device and device.type != "cpu" else None)
+
+
+def enable_reproducibility(seed: int = 0) -> None:
+    """Seed Python, NumPy and torch and ask torch for deterministic algorithms.
+
+    Call it at the top of the training function, before building models and
+    loaders. Deterministic algorithms can be slower.
+    """
+    random.seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed)
+    except ImportError:
+        pass
+    torch.manual_seed(seed)
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+
+def accelerate(amp: bool = False) -> None:
+    """Turn on automatic mixed precision for :func:`prepare_optimizer` / :func:`backward`."""
+    global _amp_enabled, _scaler
+    _amp_enabled = amp
+    _scaler = torch.amp.GradScaler("cuda") if amp and get_device().type == "cuda" else None
+
+
+class _ScaledOptimizer:
+    """An optimizer whose ``step`` goes through the AMP ``GradScaler``."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, scaler: Any):
+        self._optimizer = optimizer
+        self._scaler = scaler
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._optimizer, name)
+
+    def step(self, closure: Any = None) -> Any:
+        result = self._scaler.step(self._optimizer)
+        self._scaler.update()
+        return result
+
+
+def prepare_optimizer(optimizer: torch.optim.Optimizer) -> Any:
+    """Wrap ``optimizer`` for mixed precision when :func:`accelerate` turned it on."""
+    return _ScaledOptimizer(optimizer, _scaler) if _scaler is not None else optimizer
+
+
+def backward(tensor: torch.Tensor) -> None:
+    """``tensor.backward()``, scaled when mixed precision is on."""
+    if _scaler is not None:
+        _scaler.scale(tensor).backward()
+    else:
+        tensor.backward()
+
+
+__all__ = [
+    "accelerate",
+    "backward",
+    "enable_reproducibility",
+    "get_device",
+    "prepare_data_loader",
+    "prepare_model",
+    "prepare_optimizer",
+]
+
