@@ -1,0 +1,125 @@
+"""The class-level WorkerGroup API that embedding libraries use."""
+
+import os
+
+import pytest
+import ray
+
+import sgd
+from sgd_testing import wait_for
+
+
+class Executable:
+    def __init__(self, base, scale=1):
+        self.base = base
+        self.scale = scale
+        self.calls = 0
+
+    def train(self, epoch):
+        self.calls += 1
+        return (self.base + epoch) * self.scale, sgd.world_rank(), sgd.world_size()
+
+    def calls_so_far(self):
+        return self.calls
+
+
+def _pid():
+    return os.getpid()
+
+
+def _setenv(key, value):
+    os.environ[key] = value
+
+
+def _getenv(key):
+    return os.environ.get(key)
+
+
+def test_execute_variants(ray_cluster):
+    wg = sgd.WorkerGroup(num_workers=2)
+    try:
+        pids = wg.execute(_pid)
+        assert len(set(pids)) == 2 and os.getpid() not in pids
+        assert ray.get(wg.execute_async(lambda a, b=0: a + b, 1, b=2)) == [3, 3]
+        assert wg.execute_single(1, _pid) == pids[1]
+        assert ray.get(wg.execute_single_async(0, _pid)) == pids[0]
+        assert wg.execute(sgd.world_rank) == [0, 1]
+        assert len(wg) == 2 and list(wg) == wg.workers and wg[0] is wg.workers[0]
+        with pytest.raises(IndexError):
+            wg.execute_single(2, _pid)
+    finally:
+        wg.shutdown()
+
+
+def test_actor_cls_methods_and_plain_functions_share_the_process(ray_cluster):
+    wg = sgd.WorkerGroup(num_workers=2, actor_cls=Executable, actor_cls_args=(10,), actor_cls_kwargs={"scale": 2})
+    try:
+        assert ray.get([w.train.remote(epoch=1) for w in wg]) == [(22, 0, 2), (22, 1, 2)]
+        assert ray.get([w.calls_so_far.remote() for w in wg]) == [1, 1]
+        pids = wg.execute(_pid)
+        assert ray.get([w._sgd_execute.remote(_pid, (), {}) for w in wg]) == pids
+    finally:
+        wg.shutdown()
+
+
+def test_lifecycle_errors(ray_cluster):
+    wg = sgd.WorkerGroup(num_workers=1)
+    with pytest.raises(RuntimeError, match="already running"):
+        wg.start()
+    wg.shutdown()
+    with pytest.raises(RuntimeError, match="shut down"):
+        wg.execute(_pid)
+    with pytest.raises(RuntimeError, match="shut down"):
+        wg.execute_single(0, _pid)
+    wg.shutdown()  # twice is fine
+    wg.start()
+    try:
+        assert len(wg.execute(_pid)) == 1
+    finally:
+        wg.shutdown()
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"num_workers": 0}, "num_workers"),
+        ({"num_workers": -2}, "num_workers"),
+        ({"num_cpus_per_worker": -1}, ">= 0"),
+        ({"num_gpus_per_worker": -1}, ">= 0"),
+        ({"additional_resources_per_worker": {"x": -1}}, "x"),
+        ({"actor_cls_args": (1,)}, "without actor_cls"),
+        ({"actor_cls_kwargs": {"a": 1}}, "without actor_cls"),
+    ],
+)
+def test_bad_sizes(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        sgd.WorkerGroup(**kwargs)
+
+
+def test_resources_released_on_shutdown(ray_cluster):
+    total = ray.cluster_resources()["CPU"]
+    wait_for(lambda: ray.available_resources().get("CPU", 0) == total, timeout=30)
+    wg = sgd.WorkerGroup(num_workers=2, num_cpus_per_worker=1.5)
+    wait_for(lambda: ray.available_resources().get("CPU", 0) == total - 3, timeout=10)
+    wg.shutdown()
+    wait_for(lambda: ray.available_resources().get("CPU", 0) == total, timeout=20)
+
+
+def test_trainer_to_worker_group_has_backend_set_up(ray_cluster):
+    class RecordingBackend(sgd.Backend):
+        def on_start(self, worker_group, backend_config):
+            worker_group.execute(_setenv, "SGD_BACKEND_READY", "1")
+
+    class RecordingConfig(sgd.BackendConfig):
+        @property
+        def backend_cls(self):
+            return RecordingBackend
+
+    trainer = sgd.Trainer(backend=RecordingConfig(), num_workers=2)
+    wg = trainer.to_worker_group(Executable, 1)
+    try:
+        assert isinstance(wg, sgd.WorkerGroup)
+        assert wg.execute(_getenv, "SGD_BACKEND_READY") == ["1", "1"]
+        assert ray.get([w.train.remote(epoch=0) for w in wg]) == [(1, 0, 2), (1, 1, 2)]
+    finally:
+        wg.shutdown()

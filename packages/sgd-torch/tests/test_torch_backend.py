@@ -1,0 +1,231 @@
+"""The torch backend on real gloo process groups."""
+
+import os
+import time
+
+import pytest
+import torch
+
+import sgd
+from sgd_torch import TorchConfig
+
+
+@pytest.fixture(scope="module")
+def trainer():
+    import sgd_testing.fixtures as f
+
+    f._start_local_ray()
+    trainer = sgd.Trainer(backend="torch", num_workers=2)
+    trainer.start()
+    yield trainer
+    trainer.shutdown()
+
+
+def test_config_validation():
+    assert TorchConfig().backend is None and TorchConfig().init_method == "env"
+    with pytest.raises(ValueError, match="init_method"):
+        TorchConfig(init_method="file")
+    with pytest.raises(ValueError, match="gloo"):
+        TorchConfig(backend="carrier-pigeon")
+    with pytest.raises(ValueError, match="timeout_s"):
+        TorchConfig(timeout_s=0)
+
+
+def _env_and_group():
+    import torch.distributed as dist
+
+    keys = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT"]
+    return {k: os.environ.get(k) for k in keys}, dist.get_backend(), dist.get_rank(), dist.get_world_size()
+
+
+def test_process_group_and_torchrun_environment(trainer):
+    (env0, backend0, r0, n0), (env1, _, r1, _) = trainer.run(_env_and_group)
+    assert backend0 == "gloo"
+    assert (r0, r1, n0) == (0, 1, 2)
+    assert env0["RANK"] == "0" and env1["RANK"] == "1" and env0["WORLD_SIZE"] == "2"
+    assert env0["LOCAL_RANK"] == "0" and env1["LOCAL_RANK"] == "1"
+    assert env0["MASTER_PORT"] == env1["MASTER_PORT"] and env0["MASTER_ADDR"]
+
+
+def test_tcp_init_method(ray_cluster):
+    trainer = sgd.Trainer(backend=TorchConfig(init_method="tcp"), num_workers=2)
+    trainer.start()
+    try:
+        assert [r[2] for r in trainer.run(_env_and_group)] == [0, 1]
+    finally:
+        trainer.shutdown()
+
+
+def _train_linear(config):
+    import torch.distributed as dist
+
+    from sgd_torch import enable_reproducibility, prepare_data_loader, prepare_model
+
+    enable_reproducibility(config.get("seed", 0))
+    x = torch.randn(256, 4)
+    y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]]) + 0.1
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16, shuffle=True)
+    loader = prepare_data_loader(loader)
+    model = prepare_model(torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    seen = []
+    for epoch in range(config["epochs"]):
+        total = 0.0
+        for xb, yb in loader:
+            seen.append(len(xb))
+            loss = torch.nn.functional.mse_loss(model(xb), yb)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            total += loss.item()
+        sgd.report(epoch=epoch, loss=total / len(loader), weight=model.module.weight.detach().clone())
+    assert isinstance(model, torch.nn.parallel.DistributedDataParallel)
+    assert dist.get_world_size() == 2
+    return model
+
+
+def test_ddp_training_converges_and_stays_in_sync(trainer):
+    rounds = []
+
+    class Keep(sgd.TrainingCallback):
+        def handle_result(self, results, **info):
+            rounds.append(results)
+
+    models = trainer.run(_train_linear, config={"epochs": 8}, callbacks=[Keep()])
+    assert rounds[-1][0]["loss"] < rounds[0][0]["loss"] / 10
+    # DDP keeps replicas identical; returned models arrive unwrapped, on the CPU.
+    for m in models:
+        assert type(m) is torch.nn.Linear
+        assert m.weight.device.type == "cpu"
+    assert torch.equal(models[0].weight, models[1].weight)
+    assert torch.allclose(models[0].weight, torch.tensor([[1.0, -2.0, 0.5, 3.0]]), atol=0.1)
+    # Reported tensors arrive as CPU tensors.
+    assert isinstance(rounds[-1][0]["weight"], torch.Tensor)
+    assert torch.equal(rounds[-1][0]["weight"], rounds[-1][1]["weight"])
+
+
+def test_reproducible_with_a_seed(trainer):
+    a = trainer.run(_train_linear, config={"epochs": 2, "seed": 3})[0]
+    b = trainer.run(_train_linear, config={"epochs": 2, "seed": 3})[0]
+    c = trainer.run(_train_linear, config={"epochs": 2, "seed": 4})[0]
+    assert torch.equal(a.weight, b.weight)
+    assert not torch.equal(a.weight, c.weight)
+
+
+def _shards(config):
+    from sgd_torch import prepare_data_loader
+
+    ds = torch.utils.data.TensorDataset(torch.arange(20))
+    loader = prepare_data_loader(torch.utils.data.DataLoader(ds, batch_size=4, shuffle=config["shuffle"]))
+    epochs = []
+    for _ in range(2):
+        epochs.append([int(v) for (batch,) in loader for v in batch])
+    return epochs
+
+
+def test_prepare_data_loader_shards_the_dataset(trainer):
+    (a0, a1), (b0, b1) = trainer.run(_shards, config={"shuffle": False})
+    assert sorted(a0 + b0) == list(range(20)) and not set(a0) & set(b0)
+    assert a0 == a1  # no shuffle: the same shard every epoch
+    (s0, s1), (t0, t1) = trainer.run(_shards, config={"shuffle": True})
+    assert sorted(s0 + t0) == list(range(20)) and sorted(s1 + t1) == list(range(20))
+    assert s0 != s1  # set_epoch reshuffles each pass
+
+
+def test_single_worker_is_not_wrapped(ray_cluster):
+    trainer = sgd.Trainer(backend="torch", num_workers=1)
+    trainer.start()
+    try:
+        def train_func():
+            from sgd_torch import get_device, prepare_model
+
+            return type(prepare_model(torch.nn.Linear(2, 2))).__name__, str(get_device())
+
+        assert trainer.run(train_func) == [("Linear", "cpu")]
+    finally:
+        trainer.shutdown()
+
+
+def test_error_while_peer_is_in_all_reduce(trainer):
+    """Rank 1 raises while rank 0 waits in all_reduce: the driver re-raises quickly,
+    and the next run gets a working process group again."""
+
+    def train_func():
+        import torch.distributed as dist
+
+        if sgd.world_rank() == 1:
+            raise RuntimeError("rank 1 broke before the all_reduce")
+        dist.all_reduce(torch.ones(1))
+
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="rank 1 broke") as info:
+        trainer.run(train_func)
+    assert time.monotonic() - start < 15
+    assert info.value.sgd_world_rank == 1
+
+    def all_reduce():
+        import torch.distributed as dist
+
+        t = torch.ones(1) * (sgd.world_rank() + 1)
+        dist.all_reduce(t)
+        return t.item()
+
+    assert trainer.run(all_reduce) == [3.0, 3.0]
+
+
+def test_teardown_destroys_process_group(ray_cluster):
+    from sgd_torch.config import _TorchBackend
+
+    trainer = sgd.Trainer(backend="torch", num_workers=2)
+    wg = trainer.to_worker_group(_Probe)
+    try:
+        assert wg.execute(_is_initialized) == [True, True]
+        _TorchBackend().on_shutdown(wg, trainer.backend_config)
+        assert wg.execute(_is_initialized) == [False, False]
+    finally:
+        wg.shutdown()
+
+
+class _Probe:
+    pass
+
+
+def _is_initialized():
+    import torch.distributed as dist
+
+    return dist.is_initialized()
+
+
+def test_encode_data_leaves_plain_values_alone():
+    from sgd_torch.config import _TorchBackend
+
+    data = {"a": 1, "b": [1.5, "x"], "t": (torch.ones(2, requires_grad=True),)}
+    out = _TorchBackend.encode_data(data)
+    assert out["a"] == 1 and out["b"] == [1.5, "x"]
+    assert not out["t"][0].requires_grad
+
+
+@pytest.mark.gpu
+def test_gpu_workers_share_devices_and_use_nccl(ray_cluster):
+    n = torch.cuda.device_count()
+    trainer = sgd.Trainer(backend="torch", num_workers=min(2, n), use_gpu=True)
+    trainer.start()
+    try:
+        def train_func():
+            import torch.distributed as dist
+
+            from sgd_torch import get_device, prepare_model
+
+            model = prepare_model(torch.nn.Linear(2, 2))
+            t = torch.ones(1, device=get_device())
+            dist.all_reduce(t)
+            return dist.get_backend(), str(get_device()), next(model.parameters()).device.type, t.item(), model
+
+        results = trainer.run(train_func)
+        assert all(r[0] == "nccl" and r[2] == "cuda" for r in results)
+        assert len({r[1] for r in results}) == len(results)  # each worker its own GPU
+        assert results[0][3] == len(results)
+        assert results[0][4].weight.device.type == "cpu"  # arrives on the CPU driver side
+    finally:
+        trainer.shutdown()
+
