@@ -1,0 +1,1 @@
+raise ImportError("sgd_dummy.broken needs the 'jax' package")
