@@ -53,7 +53,6 @@ def test_found_by_entry_point_name(installed):
 
 def test_runs_as_a_backend(installed, ray_cluster):
     import ray.cloudpickle
-
     import sgd_dummy.plugin
 
     # The workers of this test cluster were started before the package existed;

@@ -2,9 +2,8 @@
 
 import sys
 
-from sgd_testing import BackendContractTests
-
 import sgd
+from sgd_testing import BackendContractTests
 from sgd_torch import TorchConfig
 
 

@@ -23,17 +23,17 @@ class Backend:
     The defaults do nothing.
     """
 
-    def on_start(self, worker_group: "WorkerGroup", backend_config: "BackendConfig") -> None:
+    def on_start(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
         """Set the framework up on every worker (after ranks are assigned)."""
 
-    def on_training_start(self, worker_group: "WorkerGroup", backend_config: "BackendConfig") -> None:
+    def on_training_start(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
         """Called before each ``Trainer.run``."""
 
-    def on_shutdown(self, worker_group: "WorkerGroup", backend_config: "BackendConfig") -> None:
+    def on_shutdown(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
         """Tear the framework down while the workers are still alive."""
 
     def on_failure(
-        self, worker_group: "WorkerGroup", backend_config: "BackendConfig", error: BaseException
+        self, worker_group: WorkerGroup, backend_config: BackendConfig, error: BaseException
     ) -> None:
         """Called when the group failed, before it is torn down and restarted."""
 

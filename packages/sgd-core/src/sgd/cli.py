@@ -6,7 +6,7 @@ import argparse
 import importlib.metadata
 import json
 import sys
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from sgd import plugins
 
@@ -20,7 +20,18 @@ def _version(dist: Optional[str]) -> str:
         return "-"
 
 
-def plugin_table() -> List[Dict[str, object]]:
+def _answer(hook: Any, plugin_name: str) -> List[Any]:
+    """What one plugin's implementation of a discovery hook returns ([] if none or it fails)."""
+    for impl in hook.get_hookimpls():
+        if impl.plugin_name == plugin_name:
+            try:
+                return list(impl.function() or [])
+            except Exception:
+                return []
+    return []
+
+
+def plugin_table() -> List[Dict[str, Any]]:
     """One record per loaded plugin: name, distribution, version, what it provides."""
     pm = plugins.get_plugin_manager()
     backends = plugins.available_backends()
@@ -29,18 +40,9 @@ def plugin_table() -> List[Dict[str, object]]:
         if plugin is None:
             continue
         dist = plugins.plugin_distribution(name)
-        provided_backends = []
-        callbacks: List[str] = []
-        schemes: List[str] = []
-        for impl in pm.hook.sgd_backends.get_hookimpls():
-            if impl.plugin_name == name:
-                provided_backends = [s.name for s in (impl.function() or [])]
-        for impl in pm.hook.sgd_callbacks.get_hookimpls():
-            if impl.plugin_name == name:
-                callbacks = [c.__name__ for c in (impl.function() or [])]
-        for impl in pm.hook.sgd_checkpoint_storage_schemes.get_hookimpls():
-            if impl.plugin_name == name:
-                schemes = list(impl.function() or [])
+        provided_backends = [s.name for s in _answer(pm.hook.sgd_backends, name)]
+        callbacks = [c.__name__ for c in _answer(pm.hook.sgd_callbacks, name)]
+        schemes = [str(s) for s in _answer(pm.hook.sgd_checkpoint_storage_schemes, name)]
         hooks = sorted(h.name for h in pm.get_hookcallers(plugin) or [])
         rows.append(
             {

@@ -31,7 +31,7 @@ hookimpl = pluggy.HookimplMarker("sgd")
 
 
 @hookspec
-def sgd_backends() -> Sequence["BackendSpec"]:
+def sgd_backends() -> Sequence[BackendSpec]:
     """Declare the training backends this plugin provides.
 
     Called once when plugins are loaded. Every plugin may answer; the answers
@@ -75,7 +75,7 @@ def sgd_checkpoint_storage_schemes() -> Sequence[str]:
 
 
 @hookspec
-def sgd_backend_setup(worker_group: "WorkerGroup", backend_config: "BackendConfig") -> None:
+def sgd_backend_setup(worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
     """Make the started workers one training job (process group, ``TF_CONFIG``...).
 
     Called by the driver after the workers are started, ranked, and have run
@@ -91,7 +91,7 @@ def sgd_backend_setup(worker_group: "WorkerGroup", backend_config: "BackendConfi
 
 
 @hookspec
-def sgd_backend_training_start(worker_group: "WorkerGroup", backend_config: "BackendConfig") -> None:
+def sgd_backend_training_start(worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
     """Prepare the workers for one call of ``Trainer.run`` (called before each run).
 
     All implementations are called; the built-in one runs
@@ -103,7 +103,7 @@ def sgd_backend_training_start(worker_group: "WorkerGroup", backend_config: "Bac
 
 
 @hookspec
-def sgd_backend_teardown(worker_group: "WorkerGroup", backend_config: "BackendConfig") -> None:
+def sgd_backend_teardown(worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
     """Undo :func:`sgd_backend_setup` (destroy process groups...) before the workers stop.
 
     Called by ``Trainer.shutdown`` while the workers are still alive. All
@@ -117,7 +117,7 @@ def sgd_backend_teardown(worker_group: "WorkerGroup", backend_config: "BackendCo
 
 @hookspec
 def sgd_backend_handle_failure(
-    worker_group: "WorkerGroup", backend_config: "BackendConfig", error: BaseException
+    worker_group: WorkerGroup, backend_config: BackendConfig, error: BaseException
 ) -> None:
     """React to a failed worker group before it is torn down and restarted.
 
@@ -134,7 +134,7 @@ def sgd_backend_handle_failure(
 
 
 @hookspec
-def sgd_default_callbacks(trainer: "Trainer") -> Sequence["TrainingCallback"]:
+def sgd_default_callbacks(trainer: Trainer) -> Sequence[TrainingCallback]:
     """Callbacks to add to every ``Trainer.run`` of ``trainer``.
 
     All implementations are called; their callbacks run after the ones the
@@ -177,7 +177,7 @@ def sgd_checkpoint_storage(uri: str) -> Optional[Any]:
 
 
 @hookspec(firstresult=True)
-def sgd_tune_trainable(trainer: "Trainer", train_func: Any, dataset: Any) -> Optional[Any]:
+def sgd_tune_trainable(trainer: Trainer, train_func: Any, dataset: Any) -> Optional[Any]:
     """Turn ``trainer`` and ``train_func`` into a Ray Tune trainable.
 
     Stops at the first non-None result. Provided by ``sgd-tune``; when no

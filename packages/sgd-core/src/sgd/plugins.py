@@ -133,7 +133,7 @@ def _collect_backends(state: _State) -> None:
     conflicts: Dict[str, List[str]] = {}
     for impl in state.pm.hook.sgd_backends.get_hookimpls():
         try:
-            specs = impl.function() or []
+            specs: List[BackendSpec] = list(impl.function() or [])  # type: ignore[call-overload]
         except Exception as exc:
             state.failures.append(PluginFailure(impl.plugin_name, plugin_distribution(impl.plugin_name), repr(exc)))
             continue

@@ -156,7 +156,7 @@ class Trainer:
         if executor is not None:
             executor.shutdown()
 
-    def __enter__(self) -> "Trainer":
+    def __enter__(self) -> Trainer:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -180,7 +180,7 @@ class Trainer:
         checkpoint_strategy: Any = None,
         *,
         callbacks: Optional[Sequence[TrainingCallback]] = None,
-    ) -> "TrainingIterator":
+    ) -> TrainingIterator:
         """Start ``train_func`` on every worker and return an iterator over report rounds."""
         fn = wrap_train_func(train_func, config)
         if self._executor is None:
@@ -315,7 +315,7 @@ class TrainingIterator:
             self._finish(error=True)
             raise
 
-    def __iter__(self) -> "TrainingIterator":
+    def __iter__(self) -> TrainingIterator:
         return self
 
     def __next__(self) -> List[Dict[str, Any]]:

@@ -13,7 +13,7 @@ from collections import OrderedDict
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import ray
-from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from sgd._internal.session import WorkerContext
@@ -82,11 +82,11 @@ class WorkerGroup:
         self._actor_args = tuple(actor_cls_args or ())
         self._actor_kwargs = dict(actor_cls_kwargs or {})
         self._placement_timeout_s = placement_timeout_s
-        self._pg = None
+        self._pg: Optional[PlacementGroup] = None
         self.workers: List[Any] = []
         self.metadata: List[WorkerMetadata] = []
         self.contexts: List[WorkerContext] = []
-        self._shutdown_hooks: List[Callable[["WorkerGroup"], None]] = []
+        self._shutdown_hooks: List[Callable[[WorkerGroup], None]] = []
         self.start()
 
     # --- lifecycle ----------------------------------------------------------
@@ -123,6 +123,7 @@ class WorkerGroup:
             raise
 
     def _wait_for_placement(self, bundle: Dict[str, float]) -> None:
+        assert self._pg is not None
         feasible, why = _feasible(bundle, self.num_workers)
         timeout = self._placement_timeout_s
         if timeout is None:
@@ -144,6 +145,7 @@ class WorkerGroup:
         )
 
     def _start_actors(self) -> None:
+        assert self._pg is not None
         remote_cls = remote_worker_class(self._actor_cls)
         extra = {k: v for k, v in self.additional_resources_per_worker.items() if v > 0}
         actors = [
@@ -161,7 +163,7 @@ class WorkerGroup:
 
     def _assign_ranks(self, actors: List[Any], metadata: List[WorkerMetadata]) -> None:
         driver_node = ray.get_runtime_context().get_node_id()
-        by_node: "OrderedDict[str, List[int]]" = OrderedDict()
+        by_node: OrderedDict[str, List[int]] = OrderedDict()
         if any(m.node_id == driver_node for m in metadata):
             by_node[driver_node] = []
         for i, m in enumerate(metadata):
@@ -227,7 +229,7 @@ class WorkerGroup:
                 logger.debug("could not remove placement group", exc_info=True)
             self._pg = None
 
-    def add_shutdown_hook(self, hook: Callable[["WorkerGroup"], None]) -> None:
+    def add_shutdown_hook(self, hook: Callable[[WorkerGroup], None]) -> None:
         """Run ``hook(group)`` at the start of :meth:`shutdown`, while the actors are alive."""
         self._shutdown_hooks.append(hook)
 
@@ -271,7 +273,7 @@ class WorkerGroup:
         return f"WorkerGroup(num_workers={self.num_workers}, bundle={self.bundle}, {state})"
 
 
-def _feasible(bundle: Dict[str, float], n: int) -> "tuple[bool, str]":
+def _feasible(bundle: Dict[str, float], n: int) -> tuple[bool, str]:
     """Whether the cluster as it is now could ever hold ``n`` bundles (ignoring current use)."""
     nodes = [node for node in ray.nodes() if node.get("Alive")]
     totals: Dict[str, float] = {}

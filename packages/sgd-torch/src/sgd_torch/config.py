@@ -61,7 +61,7 @@ class TorchConfig(BackendConfig):
 # --- functions run on the workers ------------------------------------------------
 
 
-def _free_port() -> "tuple[str, int]":
+def _free_port() -> tuple[str, int]:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("", 0))
         return ray.util.get_node_ip_address(), s.getsockname()[1]
@@ -100,7 +100,7 @@ def _destroy_process_group() -> None:
 
 
 class _TorchBackend(Backend):
-    def on_start(self, worker_group: "WorkerGroup", backend_config: BackendConfig) -> None:
+    def on_start(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
         assert isinstance(backend_config, TorchConfig)
         use_gpu = worker_group.num_gpus_per_worker > 0
         backend = backend_config.backend or ("nccl" if use_gpu else "gloo")
@@ -136,7 +136,7 @@ class _TorchBackend(Backend):
         )
 
     @staticmethod
-    def _share_cuda_devices(worker_group: "WorkerGroup") -> None:
+    def _share_cuda_devices(worker_group: WorkerGroup) -> None:
         """Let workers on one node see each other's GPUs (needed by NCCL peer-to-peer);
         each still picks its own device through :func:`sgd_torch.get_device`."""
         per_node: Dict[str, List[str]] = {}
@@ -149,7 +149,7 @@ class _TorchBackend(Backend):
             refs.append(worker._sgd_execute.remote(_set_env, (env,), {}))
         ray.get(refs)
 
-    def on_shutdown(self, worker_group: "WorkerGroup", backend_config: BackendConfig) -> None:
+    def on_shutdown(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
         worker_group.execute(_destroy_process_group)
 
     @staticmethod

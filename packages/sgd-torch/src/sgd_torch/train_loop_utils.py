@@ -10,7 +10,6 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 
-
 _amp_enabled = False
 _scaler: Optional[Any] = None
 

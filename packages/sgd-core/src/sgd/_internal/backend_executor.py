@@ -66,7 +66,6 @@ class RunState:
         self._workers = workers
         self._pending: List[Deque[Tuple[str, Any]]] = [deque() for _ in range(n)]
         self._done = [False] * n
-        self._counts = [0] * n
         self._kind_counts: List[Dict[str, int]] = [{} for _ in range(n)]
         self.returns: List[Any] = [None] * n
         self._inflight: Dict[ray.ObjectRef, int] = {}
@@ -100,9 +99,9 @@ class RunState:
                     raise TrainingFailedError(f"worker rank {i} died during training: {exc}") from exc
                 if error is not None:
                     _raise_remote(error)
-                for kind, data in batch:
-                    self._counts[i] += 1
-                    self._kind_counts[i][kind] = self._kind_counts[i].get(kind, 0) + 1
+                counts = self._kind_counts[i]
+                for kind, _ in batch:
+                    counts[kind] = counts.get(kind, 0) + 1
                 self._pending[i].extend(batch)
                 if finished:
                     self._done[i] = True
@@ -124,7 +123,9 @@ class RunState:
         )
 
     def _mismatch_kinds(self, items: List[Tuple[str, Any]]) -> None:
-        detail = ", ".join(f"rank {i} called {'save_checkpoint' if k == CHECKPOINT else 'report'}" for i, (k, _) in enumerate(items))
+        detail = ", ".join(
+            f"rank {i} called {'save_checkpoint' if k == CHECKPOINT else 'report'}" for i, (k, _) in enumerate(items)
+        )
         raise RuntimeError(
             f"workers are out of step: {detail} at the same point. Every worker must call "
             "sgd.report and sgd.save_checkpoint in the same order."

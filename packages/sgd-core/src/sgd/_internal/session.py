@@ -130,7 +130,7 @@ class Session:
             result = self._encode(self._train_func())
         except StopTraining:
             pass
-        except BaseException as exc:  # noqa: BLE001 - everything goes back to the driver
+        except BaseException as exc:
             error = self._capture(exc)
         with self._cv:
             self._result, self._error, self._finished = result, error, True
@@ -140,8 +140,9 @@ class Session:
         import ray.cloudpickle as cloudpickle
 
         tb = traceback.format_exc()
+        exc_bytes: Optional[bytes]
         try:
-            exc_bytes: Optional[bytes] = cloudpickle.dumps(exc)
+            exc_bytes = cloudpickle.dumps(exc)
             cloudpickle.loads(exc_bytes)
         except Exception:  # an exception that does not survive pickling
             exc_bytes = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
-from typing import Any, Callable
+from typing import Any, Callable, List
 
 logger = logging.getLogger("sgd")
 
@@ -18,10 +18,8 @@ def ensure_ray() -> None:
     import ray
 
     if not ray.is_initialized():
-        ray.init(
-            include_dashboard=os.environ.get("SGD_RAY_DASHBOARD", "0") == "1" or None,
-            log_to_driver=True,
-        )
+        # The dashboard costs seconds at start and memory; opt in with SGD_RAY_DASHBOARD=1.
+        ray.init(include_dashboard=os.environ.get("SGD_RAY_DASHBOARD", "0") == "1")
 
 
 def wrap_train_func(train_func: Callable[..., Any], config: Any) -> Callable[[], Any]:
@@ -32,8 +30,9 @@ def wrap_train_func(train_func: Callable[..., Any], config: Any) -> Callable[[],
     """
     if not callable(train_func):
         raise TypeError(f"train_func must be callable, got {type(train_func).__name__}")
+    params: List[inspect.Parameter]
     try:
-        params = inspect.signature(train_func).parameters.values()
+        params = list(inspect.signature(train_func).parameters.values())
     except (TypeError, ValueError):  # builtins without a signature: call with no argument
         params = []
     positional = [

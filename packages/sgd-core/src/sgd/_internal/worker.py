@@ -89,13 +89,14 @@ def remote_worker_class(actor_cls: Optional[type]) -> Any:
     key = actor_cls or _PlainWorker
     cls = _REMOTE_CLASSES.get(key)
     if cls is None:
+        base: Any
         if actor_cls is None:
             base = _PlainWorker
         else:
             if isinstance(actor_cls, ray.actor.ActorClass):
-                actor_cls = actor_cls.__ray_actor_class__
+                actor_cls = actor_cls.__ray_actor_class__  # type: ignore[attr-defined]
             # Not findable by name in this module, so cloudpickle ships it by value.
             base = type(actor_cls.__name__, (actor_cls, WorkerMixin), {"__module__": __name__})
-        cls = ray.remote(concurrency_groups={CONTROL_GROUP: 4})(base)
+        cls = ray.remote(concurrency_groups={CONTROL_GROUP: 4})(base)  # type: ignore[call-overload]
         _REMOTE_CLASSES[key] = cls
     return cls

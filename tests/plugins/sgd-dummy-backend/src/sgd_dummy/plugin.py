@@ -10,7 +10,7 @@ def _mark(rank_env):
 
 class DummyBackend(sgd.Backend):
     def on_start(self, worker_group, backend_config):
-        for rank, worker in enumerate(worker_group.workers):
+        for rank in range(len(worker_group)):
             worker_group.execute_single(rank, _mark, f"{backend_config.prefix}{rank}")
 
 
