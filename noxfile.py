@@ -18,7 +18,7 @@ nox.options.error_on_missing_interpreters = True
 PYTHON = "3.11"
 CONSTRAINTS = ("-c", "constraints.txt")
 PACKAGES = ["packages/sgd-core", "packages/sgd-torch", "packages/sgd-testing"]
-TEST_DEPS = ["pytest>=8", "pytest-timeout", "setuptools", "wheel"]
+TEST_DEPS = ["pytest>=8", "pytest-timeout", "setuptools", "wheel", "numpy"]
 
 
 def _install(session: nox.Session, *extra: str) -> None:

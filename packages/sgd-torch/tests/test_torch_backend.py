@@ -229,3 +229,20 @@ def test_gpu_workers_share_devices_and_use_nccl(ray_cluster):
     finally:
         trainer.shutdown()
 
+
+
+def test_accelerate_helpers_without_amp_are_plain_torch(trainer):
+    def train_func():
+        from sgd_torch import accelerate, backward, prepare_model, prepare_optimizer
+
+        accelerate(amp=False)
+        model = prepare_model(torch.nn.Linear(3, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        wrapped = prepare_optimizer(opt)
+        before = model.module.weight.detach().clone()
+        loss = model(torch.ones(4, 3)).sum()
+        backward(loss)
+        wrapped.step()
+        return wrapped is opt, bool(torch.equal(before, model.module.weight.detach()))
+
+    assert trainer.run(train_func) == [(True, False), (True, False)]
