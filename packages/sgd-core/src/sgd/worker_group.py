@@ -200,10 +200,11 @@ class WorkerGroup:
                 hook(self)
             except Exception:
                 logger.exception("error while shutting the worker group down")
-        self._stop_actors(patience_s)
+        self.stop_actors(patience_s)
         self._release()
 
-    def _stop_actors(self, patience_s: float) -> None:
+    def stop_actors(self, patience_s: float = 0) -> None:
+        """Stop the actors but keep the resource reservation; :meth:`restart_actors` starts new ones."""
         workers, self.workers = self.workers, []
         if patience_s > 0:
             refs = [w.__ray_terminate__.remote() for w in workers]
@@ -218,7 +219,7 @@ class WorkerGroup:
         Used after a failure: a worker stuck in a collective cannot be stopped
         any other way.
         """
-        self._stop_actors(patience_s=0)
+        self.stop_actors(patience_s=0)
         self._start_actors()
 
     def _release(self) -> None:

@@ -245,7 +245,7 @@ class BackendExecutor:
             logger.exception("backend failure handler raised")
         # A worker may be blocked in a collective its failed peer will never
         # join; only killing the processes stops it. Fresh actors start lazily.
-        self.worker_group._stop_actors(patience_s=0)
+        self.worker_group.stop_actors(patience_s=0)
 
     def shutdown(self) -> None:
         if self.worker_group is not None:

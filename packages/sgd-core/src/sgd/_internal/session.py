@@ -30,13 +30,6 @@ CHECKPOINT = "checkpoint"
 DEFAULT_MAX_PENDING = int(os.environ.get("SGD_MAX_PENDING_RESULTS", "1024"))
 
 
-class StopTraining(BaseException):
-    """Raised inside the training thread when the driver asked the run to stop.
-
-    A ``BaseException`` so that ``except Exception`` in user code does not swallow it.
-    """
-
-
 @dataclass
 class WorkerContext:
     """Where this worker sits in the group. Set by the worker group on start."""
@@ -109,7 +102,6 @@ class Session:
         self._items: Deque[_Item] = deque()
         self._delivered_checkpoints: List[_Item] = []
         self._finished = False
-        self._stop = False
         self._result: Any = None
         self._error: Optional[RemoteError] = None
 
@@ -128,8 +120,6 @@ class Session:
         result, error = None, None
         try:
             result = self._encode(self._train_func())
-        except StopTraining:
-            pass
         except BaseException as exc:
             error = self._capture(exc)
         with self._cv:
@@ -176,10 +166,8 @@ class Session:
 
     def _put(self, item: _Item) -> None:
         with self._cv:
-            while len(self._items) >= self._max_pending and not self._stop:
+            while len(self._items) >= self._max_pending:
                 self._cv.wait()
-            if self._stop:
-                raise StopTraining()
             self._items.append(item)
             self._cv.notify_all()
 
@@ -193,10 +181,8 @@ class Session:
         item = _Item(CHECKPOINT, data)
         self._put(item)
         with self._cv:
-            while not item.acked and not self._stop:
+            while not item.acked:
                 self._cv.wait()
-            if self._stop:
-                raise StopTraining()
         self.loaded_checkpoint = state
 
     # --- called by the driver through the actor -------------------------------
@@ -226,12 +212,6 @@ class Session:
             self._cv.notify_all()
             finished = self._finished and not self._items
             return batch, finished, self._result if finished else None, self._error if finished else None
-
-    def stop(self) -> None:
-        """Ask the training thread to stop at its next report or checkpoint."""
-        with self._cv:
-            self._stop = True
-            self._cv.notify_all()
 
     @property
     def finished(self) -> bool:

@@ -70,12 +70,6 @@ class WorkerMixin:
             raise RuntimeError("no training run on this worker")
         return session.poll(max_items)
 
-    @ray.method(concurrency_group=CONTROL_GROUP)
-    def _sgd_end_training(self) -> None:
-        session, STATE.session = STATE.session, None
-        if session is not None:
-            session.stop()
-
 
 class _PlainWorker(WorkerMixin):
     pass
