@@ -122,3 +122,16 @@ def test_cli_table_lists_core():
     header, *rows = out.splitlines()
     assert header.split()[:2] == ["plugin", "version"]
     assert any(r.startswith("sgd-core") for r in rows)
+
+
+def test_plugins_add_cli_commands(fresh_plugins, capsys):
+    from sgd import cli
+
+    def add(subparsers):
+        p = subparsers.add_parser("hello")
+        p.add_argument("name")
+        p.set_defaults(func=lambda args: print(f"hello {args.name}") or 7)
+
+    fresh_plugins.register(_plugin("greeter", sgd_cli_commands=add))
+    assert cli.main(["hello", "sgd"]) == 7
+    assert capsys.readouterr().out == "hello sgd\n"

@@ -103,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plugins", help="list installed plugins and what they provide")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_cmd_plugins)
+    plugins.get_plugin_manager().hook.sgd_cli_commands(subparsers=sub)
     return parser
 
 

@@ -71,6 +71,26 @@ def sgd_checkpoint_storage_schemes() -> Sequence[str]:
     """
 
 
+@hookspec
+def sgd_cli_commands(subparsers: Any) -> None:
+    """Add subcommands to the ``sgd`` command line.
+
+    Called once when ``sgd`` builds its parser. All implementations are called.
+    Each added parser must set a ``func`` default: a callable taking the parsed
+    ``argparse.Namespace`` and returning the exit code.
+
+    :param subparsers: the ``argparse`` sub-parsers action of ``sgd``.
+
+    Example::
+
+        @sgd.hookimpl
+        def sgd_cli_commands(subparsers):
+            p = subparsers.add_parser("plot", help="plot a run's metrics")
+            p.add_argument("run_dir")
+            p.set_defaults(func=lambda args: plot(args.run_dir))
+    """
+
+
 # --- backend setup / teardown --------------------------------------------------
 
 
