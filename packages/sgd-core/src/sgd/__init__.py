@@ -3,9 +3,10 @@
 Re-exports only; see the modules for the code.
 """
 
-from sgd._internal.backend_executor import TrainingFailedError, WorkerError
+from sgd._internal.backend_executor import TrainingFailedError, WorkerDiedError, WorkerError
 from sgd.backend import Backend, BackendConfig, BackendSpec
 from sgd.callbacks import TrainingCallback
+from sgd.checkpoint import Checkpoint, CheckpointStrategy
 from sgd.hookspecs import hookimpl
 from sgd.session import (
     get_context,
@@ -28,11 +29,14 @@ __all__ = [
     "Backend",
     "BackendConfig",
     "BackendSpec",
+    "Checkpoint",
+    "CheckpointStrategy",
     "ResourcesUnavailableError",
     "Trainer",
     "TrainingCallback",
     "TrainingFailedError",
     "TrainingIterator",
+    "WorkerDiedError",
     "WorkerError",
     "WorkerGroup",
     "get_context",

@@ -23,6 +23,9 @@ class Backend:
     The defaults do nothing.
     """
 
+    #: Module that writes dict checkpoints to disk (``SUFFIX``, ``save(obj, f)``, ``load(f)``).
+    checkpoint_codec: str = "sgd._internal.codec"
+
     def on_start(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
         """Set the framework up on every worker (after ranks are assigned)."""
 

@@ -9,11 +9,14 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from sgd._internal.backend_executor import BackendExecutor, RunState
+from sgd._internal.backend_executor import BackendExecutor, RunState, TrainingFailedError, WorkerDiedError
+from sgd._internal.checkpoint_manager import CheckpointManager
+from sgd._internal.run_dir import RunDirectory
 from sgd._internal.session import CHECKPOINT
 from sgd._internal.utils import wrap_train_func
 from sgd.backend import BackendConfig
 from sgd.callbacks import TrainingCallback
+from sgd.checkpoint import Checkpoint, CheckpointStrategy
 from sgd.plugins import get_plugin_manager, resolve_backend
 from sgd.worker_group import WorkerGroup
 
@@ -106,7 +109,8 @@ class Trainer:
         self.logdir: Path = _resolve_logdir(logdir)
         self._executor: Optional[BackendExecutor] = None
         self._latest_run_dir: Optional[Path] = None
-        self._latest_checkpoint: Optional[dict] = None
+        self._manager: Optional[CheckpointManager] = None
+        self._resume_run: Optional[RunDirectory] = None
 
     # --- properties -----------------------------------------------------------
 
@@ -135,12 +139,66 @@ class Trainer:
     @property
     def latest_checkpoint(self) -> Optional[dict]:
         """Rank 0's state from the latest ``sgd.save_checkpoint`` of the latest run."""
-        return self._latest_checkpoint
+        return self._manager.latest_state if self._manager else None
+
+    @property
+    def best_checkpoint_path(self) -> Optional[Path]:
+        """``checkpoints/checkpoint_NNNNNN`` of the latest run that scores best, or ``None``."""
+        return self._manager.best_path if self._manager else None
+
+    @property
+    def best_checkpoint(self) -> Optional[dict]:
+        """The state of :attr:`best_checkpoint_path`, loaded."""
+        path = self.best_checkpoint_path
+        return self.load_checkpoint_from_path(path) if path is not None else None
+
+    @staticmethod
+    def load_checkpoint_from_path(path: Union[str, os.PathLike]) -> dict:
+        """Load a checkpoint directory (or storage URI) written by sgd into a dict."""
+        return Checkpoint.from_directory(path).to_dict()
+
+    @classmethod
+    def restore(cls, run_dir: Union[str, os.PathLike]) -> Trainer:
+        """A trainer that continues the run in ``run_dir`` (whose driver died).
+
+        Its settings come from the run's ``trainer.json``. Call ``start()`` and
+        ``run(train_func, config)`` as before: the run goes on in the same
+        directory from its last complete checkpoint, and rounds already in its
+        ``results.jsonl`` are not delivered again.
+        """
+        run = RunDirectory.open(Path(run_dir))
+        settings = run.read_settings()
+        backend = resolve_backend(settings["backend"]).config_cls(**settings["backend_config"])
+        trainer = cls(
+            backend=backend,
+            num_workers=tuple(settings["num_workers"]) if settings["num_workers"][0] != settings["num_workers"][1]
+            else settings["num_workers"][0],
+            use_gpu=settings["use_gpu"],
+            resources_per_worker=settings["resources_per_worker"],
+            logdir=run.path.parent,
+            max_retries=settings["max_retries"],
+        )
+        trainer._resume_run = run
+        return trainer
 
     # --- lifecycle ----------------------------------------------------------------
 
     def _make_executor(self) -> BackendExecutor:
-        return BackendExecutor(self._backend_config, self._max_workers, self._resources)
+        return BackendExecutor(self._backend_config, self._max_workers, self._resources,
+                               min_workers=self._min_workers)
+
+    def _settings(self) -> Dict[str, Any]:
+        import dataclasses
+
+        return {
+            "backend": self._backend_config.name,
+            "backend_config": dataclasses.asdict(self._backend_config)
+            if dataclasses.is_dataclass(self._backend_config) else {},
+            "num_workers": [self._min_workers, self._max_workers],
+            "use_gpu": self._use_gpu,
+            "resources_per_worker": self._resources,
+            "max_retries": self.max_retries,
+        }
 
     def start(self, initialization_hook: Optional[Callable[[], Any]] = None) -> None:
         """Start the workers, run ``initialization_hook`` on each, set the backend up."""
@@ -171,6 +229,18 @@ class Trainer:
         run_dir.mkdir()
         return run_dir
 
+    @staticmethod
+    def _checkpoint_dict(checkpoint: Any) -> Optional[dict]:
+        if checkpoint is None or isinstance(checkpoint, dict):
+            return checkpoint
+        if isinstance(checkpoint, Checkpoint):
+            return checkpoint.to_dict()
+        if isinstance(checkpoint, (str, os.PathLike)):
+            return Checkpoint.from_directory(checkpoint).to_dict()
+        raise TypeError(
+            f"checkpoint must be a dict, an sgd.Checkpoint or a path, got {type(checkpoint).__name__}"
+        )
+
     def run_iterator(
         self,
         train_func: Callable[..., Any],
@@ -185,15 +255,29 @@ class Trainer:
         fn = wrap_train_func(train_func, config)
         if self._executor is None:
             raise RuntimeError("the trainer is not started; call trainer.start() before run()")
-        if checkpoint is not None and not isinstance(checkpoint, dict):
-            raise TypeError(f"checkpoint must be a dict, got {type(checkpoint).__name__}")
+        strategy = checkpoint_strategy if checkpoint_strategy is not None else CheckpointStrategy()
+        if not isinstance(strategy, CheckpointStrategy):
+            raise TypeError(f"checkpoint_strategy must be an sgd.CheckpointStrategy, got {type(strategy).__name__}")
+        initial = self._checkpoint_dict(checkpoint)
         all_callbacks = list(callbacks or [])
         for extra in get_plugin_manager().hook.sgd_default_callbacks(trainer=self):
             all_callbacks.extend(extra or [])
-        self._latest_run_dir = self._next_run_dir()
-        self._latest_checkpoint = None
+        codec = self._backend_config.backend_cls.checkpoint_codec
+        resume, self._resume_run = self._resume_run, None
+        if resume is not None:
+            run = resume
+            self._manager = CheckpointManager(run.checkpoint_dir, strategy, codec, start_id=run.last_checkpoint_id())
+            state, iteration = run.last_checkpoint()
+            if state is not None:
+                initial = state
+                self._manager.latest_state, self._manager.latest_iteration = state, iteration
+        else:
+            run = RunDirectory.create(self._next_run_dir())
+            self._manager = CheckpointManager(run.checkpoint_dir, strategy, codec)
+        run.write_settings(self._settings())
+        self._latest_run_dir = run.path
         shards = _shard_dataset(dataset, self._max_workers)
-        return TrainingIterator(self, fn, config or {}, all_callbacks, checkpoint, shards)
+        return TrainingIterator(self, fn, config or {}, all_callbacks, initial, shards, run)
 
     def run(
         self,
@@ -294,10 +378,18 @@ class TrainingIterator:
         callbacks: List[TrainingCallback],
         checkpoint: Optional[dict],
         dataset_shards: Optional[List[Any]],
+        run_dir: RunDirectory,
     ):
         self._trainer = trainer
         self._executor = trainer._executor
-        assert self._executor is not None
+        assert self._executor is not None and trainer._manager is not None
+        self._manager = trainer._manager
+        self._train_func = train_func
+        self._initial_checkpoint = checkpoint
+        self._shards = dataset_shards
+        self._run_dir = run_dir
+        self._delivered_iteration = run_dir.last_iteration()
+        self._failures = 0
         self._callbacks = callbacks
         self._hook = get_plugin_manager().hook
         self._run_info = {
@@ -310,10 +402,33 @@ class TrainingIterator:
         for cb in callbacks:
             cb.start_training(logdir=str(trainer.latest_run_dir), config=config)
         try:
-            self._run: RunState = self._executor.start_training(train_func, checkpoint, dataset_shards)
+            self._run: RunState = self._start(checkpoint, self._manager.latest_iteration if checkpoint else 0)
         except BaseException:
             self._finish(error=True)
             raise
+
+    def _start(self, checkpoint: Optional[dict], start_iteration: int) -> RunState:
+        assert self._executor is not None
+        return self._executor.start_training(self._train_func, checkpoint, self._shards, start_iteration)
+
+    def _recover(self, error: WorkerDiedError) -> None:
+        """Restart the workers and the training function from the latest checkpoint."""
+        assert self._executor is not None
+        self._failures += 1
+        limit = self._trainer.max_retries
+        if limit != -1 and self._failures > limit:
+            raise TrainingFailedError(
+                f"training failed after {self._failures} attempts (max_retries={limit}); "
+                f"last failure: {error}"
+            ) from error
+        logger.warning("%s; restarting the workers (failure %d of %s)", error, self._failures,
+                       "unlimited" if limit == -1 else limit)
+        self._executor.restart()
+        state = self._manager.latest_state
+        if state is not None:
+            self._run = self._start(state, self._manager.latest_iteration)
+        else:
+            self._run = self._start(self._initial_checkpoint, 0)
 
     def __iter__(self) -> TrainingIterator:
         return self
@@ -323,15 +438,24 @@ class TrainingIterator:
             raise StopIteration
         try:
             while True:
-                round_ = self._run.next_round()
+                try:
+                    round_ = self._run.next_round()
+                except WorkerDiedError as exc:
+                    self._recover(exc)
+                    continue
                 if round_ is None:
                     self._final = self._run.returns
                     self._finish(error=False)
                     raise StopIteration
                 kind, data = round_
                 if kind == CHECKPOINT:
-                    self._trainer._latest_checkpoint = data[0]
+                    self._manager.register(data[0], self._delivered_iteration)
                     continue
+                iteration = data[0].get("_training_iteration", 0)
+                if iteration <= self._delivered_iteration:
+                    continue  # replayed after a restart: callbacks already have it
+                self._delivered_iteration = iteration
+                self._run_dir.append_results(data)
                 self._hook.sgd_handle_result(results=data, run_info=self._run_info)
                 for cb in self._callbacks:
                     cb.handle_result(data)
@@ -346,6 +470,7 @@ class TrainingIterator:
         if self._finished:
             return
         self._finished = True
+        self._run_dir.close(error)
         if self._executor is not None:
             self._executor.end_training(ok=not error, error=exc)
         for cb in self._callbacks:

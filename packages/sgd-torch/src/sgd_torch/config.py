@@ -100,6 +100,8 @@ def _destroy_process_group() -> None:
 
 
 class _TorchBackend(Backend):
+    checkpoint_codec = "sgd_torch.codec"
+
     def on_start(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
         assert isinstance(backend_config, TorchConfig)
         use_gpu = worker_group.num_gpus_per_worker > 0

@@ -26,6 +26,14 @@ class TrainingFailedError(RuntimeError):
     """Training could not finish: a worker died, or failures outlasted ``max_retries``."""
 
 
+class WorkerDiedError(TrainingFailedError):
+    """A worker process died (killed, crashed, node lost) during a run."""
+
+    def __init__(self, message: str, world_rank: int):
+        super().__init__(message)
+        self.world_rank = world_rank
+
+
 class WorkerError(RuntimeError):
     """The remote side of a user exception: rank, process and traceback.
 
@@ -69,6 +77,9 @@ class RunState:
         self._kind_counts: List[Dict[str, int]] = [{} for _ in range(n)]
         self.returns: List[Any] = [None] * n
         self._inflight: Dict[ray.ObjectRef, int] = {}
+        # One open call per worker that errors as soon as its process dies, so a
+        # death is seen even while the driver waits on another worker's poll.
+        self._watches: Dict[ray.ObjectRef, int] = {w._sgd_watch.remote(): i for i, w in enumerate(workers)}
 
     def next_round(self) -> Optional[Tuple[str, List[Any]]]:
         """The next round as ``(kind, [data per worker])``, or ``None`` when every worker finished."""
@@ -90,13 +101,20 @@ class RunState:
             for i, worker in enumerate(self._workers):
                 if not self._pending[i] and not self._done[i] and i not in self._inflight.values():
                     self._inflight[worker._sgd_poll.remote(POLL_BATCH)] = i
-            ready, _ = ray.wait(list(self._inflight), num_returns=1)
+            ready, _ = ray.wait(list(self._inflight) + list(self._watches), num_returns=1)
             for ref in ready:
+                if ref in self._watches:
+                    i = self._watches.pop(ref)
+                    try:
+                        ray.get(ref)
+                    except RayActorError as exc:
+                        raise WorkerDiedError(f"worker rank {i} died: {_short(exc)}", i) from exc
+                    continue
                 i = self._inflight.pop(ref)
                 try:
                     batch, finished, value, error = ray.get(ref)
                 except RayActorError as exc:
-                    raise TrainingFailedError(f"worker rank {i} died during training: {exc}") from exc
+                    raise WorkerDiedError(f"worker rank {i} died: {_short(exc)}", i) from exc
                 if error is not None:
                     _raise_remote(error)
                 counts = self._kind_counts[i]
@@ -131,8 +149,24 @@ class RunState:
             "sgd.report and sgd.save_checkpoint in the same order."
         )
 
-    def abandon(self) -> None:
-        self._inflight.clear()
+
+
+def _short(exc: BaseException) -> str:
+    """The first line of Ray's (long) actor-death message."""
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__
+
+
+def placeable_workers(bundle: Dict[str, float], min_workers: int, max_workers: int) -> int:
+    """How many workers of ``bundle`` fit in the cluster's free resources now, clamped to
+    ``[min_workers, max_workers]`` (placement then waits for ``min_workers`` if fewer fit)."""
+    from ray._private.state import available_resources_per_node
+
+    need = {k: v for k, v in bundle.items() if v > 0}
+    fit = 0
+    for avail in available_resources_per_node().values():
+        fit += min((int(avail.get(k, 0) // v) for k, v in need.items()), default=0)
+    return max(min_workers, min(max_workers, fit))
 
 
 class BackendExecutor:
@@ -144,8 +178,11 @@ class BackendExecutor:
         num_workers: int,
         resources_per_worker: Dict[str, float],
         max_pending: int = DEFAULT_MAX_PENDING,
+        min_workers: Optional[int] = None,
     ):
         self.backend_config = backend_config
+        self.max_workers = num_workers
+        self.min_workers = num_workers if min_workers is None else min_workers
         self.num_workers = num_workers
         self.resources_per_worker = dict(resources_per_worker)
         self.max_pending = max_pending
@@ -165,19 +202,9 @@ class BackendExecutor:
         actor_cls_args: Optional[tuple] = None,
         actor_cls_kwargs: Optional[dict] = None,
     ) -> WorkerGroup:
-        res = dict(self.resources_per_worker)
-        cpus = res.pop("CPU", 0)
-        gpus = res.pop("GPU", 0)
         self._initialization_hook = initialization_hook
-        self.worker_group = WorkerGroup(
-            num_workers=self.num_workers,
-            num_cpus_per_worker=cpus,
-            num_gpus_per_worker=gpus,
-            additional_resources_per_worker=res,
-            actor_cls=actor_cls,
-            actor_cls_args=actor_cls_args,
-            actor_cls_kwargs=actor_cls_kwargs,
-        )
+        self._actor_cls = (actor_cls, actor_cls_args, actor_cls_kwargs)
+        self.worker_group = self._new_worker_group()
         try:
             self._setup()
         except BaseException:
@@ -186,6 +213,25 @@ class BackendExecutor:
             raise
         self.worker_group.add_shutdown_hook(self._teardown)
         return self.worker_group
+
+    def _new_worker_group(self) -> WorkerGroup:
+        res = dict(self.resources_per_worker)
+        cpus = res.pop("CPU", 0)
+        gpus = res.pop("GPU", 0)
+        actor_cls, actor_cls_args, actor_cls_kwargs = self._actor_cls
+        if self.min_workers != self.max_workers:
+            self.num_workers = placeable_workers(self.resources_per_worker, self.min_workers, self.max_workers)
+            logger.info("elastic: starting %d workers (min %d, max %d)", self.num_workers,
+                        self.min_workers, self.max_workers)
+        return WorkerGroup(
+            num_workers=self.num_workers,
+            num_cpus_per_worker=cpus,
+            num_gpus_per_worker=gpus,
+            additional_resources_per_worker=res,
+            actor_cls=actor_cls,
+            actor_cls_args=actor_cls_args,
+            actor_cls_kwargs=actor_cls_kwargs,
+        )
 
     def _setup(self) -> None:
         assert self.worker_group is not None
@@ -201,15 +247,29 @@ class BackendExecutor:
 
     def _restart(self) -> None:
         assert self.worker_group is not None
-        logger.info("restarting %d workers", self.num_workers)
-        self.worker_group.restart_actors()
+        if self.min_workers == self.max_workers:
+            logger.info("restarting %d workers", self.num_workers)
+            self.worker_group.restart_actors()
+        else:
+            # Resize: give the old reservation back and place what fits now.
+            old = self.worker_group
+            old.stop_actors()
+            old.shutdown(patience_s=0)
+            self.worker_group = self._new_worker_group()
+            self.worker_group.add_shutdown_hook(self._teardown)
         self._setup()
+
+    def restart(self) -> None:
+        """Replace every worker (after a failure) and set the backend up again."""
+        self._needs_restart = True
+        self._restart()
 
     def start_training(
         self,
         train_func: Callable[[], Any],
         checkpoint: Optional[dict] = None,
         dataset_shards: Optional[List[Any]] = None,
+        start_iteration: int = 0,
     ) -> RunState:
         if self.worker_group is None:
             raise RuntimeError("the trainer is not started; call trainer.start() first")
@@ -221,7 +281,7 @@ class BackendExecutor:
         shards = dataset_shards or [None] * len(wg)
         ray.get(
             [
-                w._sgd_start_training.remote(train_func, encode, checkpoint, shard, self.max_pending)
+                w._sgd_start_training.remote(train_func, encode, checkpoint, shard, self.max_pending, start_iteration)
                 for w, shard in zip(wg.workers, shards)
             ]
         )

@@ -32,3 +32,34 @@ def sgd_backend_teardown(worker_group, backend_config):
 @hookimpl
 def sgd_backend_handle_failure(worker_group, backend_config, error):
     _backend(backend_config).on_failure(worker_group, backend_config, error)
+
+
+@hookimpl
+def sgd_checkpoint_storage(uri):
+    from sgd._internal.storage import PyArrowStorage, is_uri
+
+    if not is_uri(uri):
+        return None
+    try:
+        storage, _ = PyArrowStorage.for_uri(uri)
+    except ImportError:
+        return None
+    except Exception:
+        return None
+    return storage
+
+
+@hookimpl
+def sgd_checkpoint_storage_schemes():
+    try:
+        import pyarrow.fs  # noqa: F401
+    except ImportError:
+        return []
+    schemes = ["file", "s3", "gs", "hdfs"]
+    try:
+        import fsspec  # noqa: F401
+
+        schemes.append("memory (fsspec)")
+    except ImportError:
+        pass
+    return schemes

@@ -90,6 +90,7 @@ class Session:
         checkpoint: Optional[dict] = None,
         dataset_shard: Any = None,
         max_pending: int = DEFAULT_MAX_PENDING,
+        start_iteration: int = 0,
     ):
         self._train_func = train_func
         self.context = context
@@ -105,7 +106,7 @@ class Session:
         self._result: Any = None
         self._error: Optional[RemoteError] = None
 
-        self._iteration = 0
+        self._iteration = start_iteration
         self._start_time = time.time()
         self._last_report_time = self._start_time
         self._detailed = os.environ.get("SGD_RESULT_ENABLE_DETAILED_AUTOFILLED_METRICS", "0") == "1"
@@ -216,6 +217,9 @@ class Session:
     @property
     def finished(self) -> bool:
         return self._finished
+
+    def join(self) -> None:
+        self._thread.join()
 
 
 _node_ip_cache: Optional[str] = None

@@ -54,14 +54,22 @@ class WorkerMixin:
         checkpoint: Optional[dict],
         dataset_shard: Any,
         max_pending: int,
+        start_iteration: int = 0,
     ) -> None:
         previous = STATE.session
         if previous is not None and not previous.finished:
             raise RuntimeError("a training function is still running on this worker")
         assert STATE.context is not None, "worker context must be set before training"
-        session = Session(train_func, STATE.context, encode, checkpoint, dataset_shard, max_pending)
+        session = Session(train_func, STATE.context, encode, checkpoint, dataset_shard, max_pending, start_iteration)
         STATE.session = session
         session.start()
+
+    @ray.method(concurrency_group=CONTROL_GROUP)
+    def _sgd_watch(self) -> None:
+        """Return when the current run's thread ends; the driver holds this call open
+        so that a dead process shows up at once as an error on it."""
+        if STATE.session is not None:
+            STATE.session.join()
 
     @ray.method(concurrency_group=CONTROL_GROUP)
     def _sgd_poll(self, max_items: int):
@@ -91,6 +99,6 @@ def remote_worker_class(actor_cls: Optional[type]) -> Any:
                 actor_cls = actor_cls.__ray_actor_class__  # type: ignore[attr-defined]
             # Not findable by name in this module, so cloudpickle ships it by value.
             base = type(actor_cls.__name__, (actor_cls, WorkerMixin), {"__module__": __name__})
-        cls = ray.remote(concurrency_groups={CONTROL_GROUP: 4})(base)  # type: ignore[call-overload]
+        cls = ray.remote(concurrency_groups={CONTROL_GROUP: 8})(base)  # type: ignore[call-overload]
         _REMOTE_CLASSES[key] = cls
     return cls

@@ -1,0 +1,163 @@
+"""Driver side of checkpoints: number them, write them atomically, keep the best K."""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import math
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from sgd.checkpoint import METADATA_FILE, CheckpointStrategy, write_dict_dir
+
+logger = logging.getLogger("sgd")
+
+_PREFIX = "checkpoint_"
+
+
+def checkpoint_dir_name(checkpoint_id: int) -> str:
+    return f"{_PREFIX}{checkpoint_id:06d}"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class _Kept:
+    checkpoint_id: int
+    score: float
+    path: Path
+
+
+class CheckpointManager:
+    """Receives rank 0's checkpoint states during a run and persists them.
+
+    :param checkpoint_dir: ``run_dir/checkpoints``.
+    :param strategy: what to keep.
+    :param codec: module that encodes dict checkpoints.
+    :param start_id: the id of the last checkpoint already in ``checkpoint_dir`` (resume).
+    """
+
+    def __init__(self, checkpoint_dir: Path, strategy: CheckpointStrategy, codec: str, start_id: int = 0):
+        self.checkpoint_dir = checkpoint_dir
+        self.strategy = strategy
+        self.codec = codec
+        self.latest_id = start_id
+        self.latest_state: Optional[Dict[str, Any]] = None
+        self.latest_iteration = 0
+        self._kept: List[_Kept] = []
+        if start_id:
+            self._kept = self._scan()
+
+    # --- writing -------------------------------------------------------------
+
+    def register(self, state: Dict[str, Any], iteration: int) -> Optional[Path]:
+        """Take rank 0's ``state`` (saved after report ``iteration``); persist it per the strategy.
+
+        :returns: where it was written, or ``None`` if the strategy keeps none.
+        :raises OSError: the write failed (nothing earlier is lost).
+        :raises ValueError: the score attribute is missing or not a number (the
+            checkpoint is written first, so it is not lost).
+        """
+        self.latest_id += 1
+        self.latest_state = state
+        self.latest_iteration = iteration
+        if self.strategy.num_to_keep == 0:
+            return None
+        score_error: Optional[ValueError] = None
+        try:
+            score = self._score(state)
+        except ValueError as exc:
+            score, score_error = -math.inf, exc
+        path = self._write(self.latest_id, state, score, iteration)
+        self._kept.append(_Kept(self.latest_id, score, path))
+        self._prune()
+        if score_error is not None:
+            raise score_error
+        return path
+
+    def _score(self, state: Dict[str, Any]) -> float:
+        if self.strategy.checkpoint_score_attribute == "_timestamp" and "_timestamp" not in state:
+            return self.strategy.score({"_timestamp": time.time()})
+        return self.strategy.score(state)
+
+    def _write(self, checkpoint_id: int, state: Dict[str, Any], score: float, iteration: int) -> Path:
+        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        final = self.checkpoint_dir / checkpoint_dir_name(checkpoint_id)
+        tmp = self.checkpoint_dir / f".tmp_{final.name}_{uuid.uuid4().hex[:8]}"
+        try:
+            write_dict_dir(state, tmp, self.codec)
+            meta_file = tmp / METADATA_FILE
+            meta = json.loads(meta_file.read_text())
+            meta.update(id=checkpoint_id, score=score if math.isfinite(score) else None,
+                        iteration=iteration, timestamp=time.time())
+            meta_file.write_text(json.dumps(meta))
+            _fsync_dir(tmp)
+            if final.exists():  # left by an earlier attempt of a resumed run
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+            _fsync_dir(self.checkpoint_dir)
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            reason = "the disk is full" if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT) else str(exc)
+            raise OSError(
+                exc.errno,
+                f"could not write checkpoint {checkpoint_id} to {final}: {reason}. Earlier checkpoints are intact; "
+                "free space or choose another logdir.",
+            ) from exc
+        return final
+
+    def _prune(self) -> None:
+        k = self.strategy.num_to_keep
+        if k is None or len(self._kept) <= k:
+            return
+        ranked = sorted(self._kept, key=lambda c: (c.score, c.checkpoint_id), reverse=True)
+        keep = {c.checkpoint_id for c in ranked[:k]} | {self.latest_id}
+        for c in list(self._kept):
+            if c.checkpoint_id not in keep:
+                shutil.rmtree(c.path, ignore_errors=True)
+                self._kept.remove(c)
+
+    # --- reading ----------------------------------------------------------------
+
+    def _scan(self) -> List[_Kept]:
+        kept = []
+        for p in sorted(self.checkpoint_dir.glob(f"{_PREFIX}*")):
+            try:
+                meta = json.loads((p / METADATA_FILE).read_text())
+            except (OSError, ValueError):
+                continue
+            score = meta.get("score")
+            kept.append(_Kept(int(meta["id"]), -math.inf if score is None else float(score), p))
+        return kept
+
+    @property
+    def best_path(self) -> Optional[Path]:
+        if not self._kept:
+            return None
+        return max(self._kept, key=lambda c: (c.score, c.checkpoint_id)).path
+
+    @property
+    def latest_path(self) -> Optional[Path]:
+        return max(self._kept, key=lambda c: c.checkpoint_id).path if self._kept else None
+
+    @property
+    def kept_ids(self) -> List[int]:
+        return sorted(c.checkpoint_id for c in self._kept)
+
+
+def latest_checkpoint_in(checkpoint_dir: Path) -> Optional[Path]:
+    """The highest-numbered complete checkpoint directory (temporary ones are ignored)."""
+    found = sorted(p for p in checkpoint_dir.glob(f"{_PREFIX}*") if (p / METADATA_FILE).exists())
+    return found[-1] if found else None

@@ -1,0 +1,129 @@
+"""What the driver keeps in ``logdir/run_NNN`` so that a run survives its driver:
+
+- ``trainer.json``: the trainer's settings (for :meth:`sgd.Trainer.restore`);
+- ``results.jsonl``: one JSON line per delivered report round (a list of per-worker dicts),
+  flushed as it arrives; values JSON cannot hold are written as strings;
+- ``checkpoints/checkpoint_NNNNNN/``: see :mod:`sgd._internal.checkpoint_manager`;
+- ``status.json``: ``RUNNING``, ``FINISHED`` or ``ERRORED``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import IO, Any, Dict, List, Optional, Tuple
+
+from sgd._internal.checkpoint_manager import latest_checkpoint_in
+from sgd.checkpoint import METADATA_FILE, Checkpoint
+
+RESULTS_FILE = "results.jsonl"
+SETTINGS_FILE = "trainer.json"
+STATUS_FILE = "status.json"
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "tolist"):  # numpy arrays and torch tensors
+        try:
+            return value.tolist()
+        except Exception:
+            pass
+    if hasattr(value, "item"):
+        try:
+            return value.item()
+        except Exception:
+            pass
+    return repr(value)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # "nan", "inf": keeps the file strict JSON
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+class RunDirectory:
+    def __init__(self, path: Path):
+        self.path = path
+        self.checkpoint_dir = path / "checkpoints"
+        self._results: Optional[IO[str]] = None
+
+    @classmethod
+    def create(cls, path: Path) -> RunDirectory:
+        path.mkdir(parents=True, exist_ok=True)
+        run = cls(path)
+        run._write_status("RUNNING")
+        return run
+
+    @classmethod
+    def open(cls, path: Path) -> RunDirectory:
+        path = Path(path).expanduser().resolve()
+        if not (path / SETTINGS_FILE).exists():
+            raise FileNotFoundError(f"{path} is not an sgd run directory (no {SETTINGS_FILE})")
+        run = cls(path)
+        run._write_status("RUNNING")
+        return run
+
+    # --- settings and status -------------------------------------------------
+
+    def write_settings(self, settings: Dict[str, Any]) -> None:
+        (self.path / SETTINGS_FILE).write_text(json.dumps(settings, indent=2, default=repr))
+
+    def read_settings(self) -> Dict[str, Any]:
+        return json.loads((self.path / SETTINGS_FILE).read_text())
+
+    def _write_status(self, status: str) -> None:
+        (self.path / STATUS_FILE).write_text(json.dumps({"status": status, "time": time.time()}))
+
+    def close(self, error: bool) -> None:
+        if self._results is not None:
+            self._results.close()
+            self._results = None
+        self._write_status("ERRORED" if error else "FINISHED")
+
+    # --- results ------------------------------------------------------------------
+
+    def append_results(self, results: List[Dict[str, Any]]) -> None:
+        if self._results is None:
+            self._results = open(self.path / RESULTS_FILE, "a", encoding="utf-8")
+        try:
+            line = json.dumps(results, default=_json_default, allow_nan=False)
+        except ValueError:
+            line = json.dumps(_finite(results), default=_json_default)
+        self._results.write(line + "\n")
+        self._results.flush()  # reaches the OS at once: survives a killed driver
+
+    def last_iteration(self) -> int:
+        """``_training_iteration`` of the last complete line of ``results.jsonl`` (0 if none)."""
+        path = self.path / RESULTS_FILE
+        if not path.exists():
+            return 0
+        last = 0
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    last = int(json.loads(line)[0]["_training_iteration"])
+                except (ValueError, LookupError, TypeError):
+                    break  # a line cut short by a crash ends the file
+        return last
+
+    # --- checkpoints ------------------------------------------------------------------
+
+    def last_checkpoint_id(self) -> int:
+        latest = latest_checkpoint_in(self.checkpoint_dir)
+        if latest is None:
+            return 0
+        return int(json.loads((latest / METADATA_FILE).read_text())["id"])
+
+    def last_checkpoint(self) -> Tuple[Optional[Dict[str, Any]], int]:
+        """The latest complete checkpoint's state and the iteration it was saved after."""
+        latest = latest_checkpoint_in(self.checkpoint_dir)
+        if latest is None:
+            return None, 0
+        meta = json.loads((latest / METADATA_FILE).read_text())
+        return Checkpoint.from_directory(latest).to_dict(), int(meta.get("iteration", 0))
