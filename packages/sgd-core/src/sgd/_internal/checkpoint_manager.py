@@ -57,6 +57,9 @@ class CheckpointManager:
         self.latest_state: Optional[Dict[str, Any]] = None
         self.latest_iteration = 0
         self._kept: List[_Kept] = []
+        # Temporary directories are writes a crash cut short: never valid, safe to drop.
+        for stale in checkpoint_dir.glob(f".tmp_{_PREFIX}*"):
+            shutil.rmtree(stale, ignore_errors=True)
         if start_id:
             self._kept = self._scan()
 

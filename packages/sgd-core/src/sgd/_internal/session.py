@@ -121,6 +121,11 @@ class Session:
         result, error = None, None
         try:
             result = self._encode(self._train_func())
+        except SystemExit as exc:
+            # As in a script: exit status 0 ends the function; any other ends the
+            # process, which the driver treats as a worker failure (and retries).
+            if exc.code not in (None, 0):
+                os._exit(exc.code if isinstance(exc.code, int) else 1)
         except BaseException as exc:
             error = self._capture(exc)
         with self._cv:

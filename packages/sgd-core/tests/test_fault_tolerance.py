@@ -1,0 +1,114 @@
+"""Worker processes that die mid-run: detection, restart from the latest checkpoint, retry limits."""
+
+import os
+import signal
+import time
+
+import pytest
+
+import sgd
+
+
+def _deterministic(config):
+    """w <- 3w+1 mod 1e9+7, one checkpoint and one report per step; returns the final w."""
+    state = sgd.load_checkpoint() or {"step": 0, "w": 1}
+    step, w = state["step"], state["w"]
+    while step < config["steps"]:
+        w = (3 * w + 1) % 1_000_000_007
+        step += 1
+        sgd.report(step=step, w=w, pid=os.getpid(), rank=sgd.world_rank())
+        sgd.save_checkpoint(step=step, w=w)
+    return w
+
+
+class Killer(sgd.TrainingCallback):
+    """Kills rank ``rank``'s process with SIGKILL when a round reaches one of ``at_steps``."""
+
+    def __init__(self, at_steps, rank=1):
+        self.at_steps = set(at_steps)
+        self.rank = rank
+        self.steps = []
+        self.killed = []
+
+    def handle_result(self, results, **info):
+        step = results[0]["step"]
+        self.steps.append((step, results[0]["_training_iteration"]))
+        if step in self.at_steps:
+            self.at_steps.discard(step)
+            pid = results[self.rank]["pid"]
+            os.kill(pid, signal.SIGKILL)
+            self.killed.append(pid)
+
+
+@pytest.fixture
+def trainer_factory(ray_cluster):
+    made = []
+
+    def make(**kwargs):
+        trainer = sgd.Trainer(backend=sgd.BackendConfig(), num_workers=2, **kwargs)
+        trainer.start()
+        made.append(trainer)
+        return trainer
+
+    yield make
+    for t in made:
+        t.shutdown()
+
+
+def test_restart_resumes_from_latest_checkpoint(trainer_factory):
+    expected = trainer_factory().run(_deterministic, config={"steps": 8})
+    trainer = trainer_factory(max_retries=3)
+    killer = Killer(at_steps=[3, 6])
+    start = time.monotonic()
+    assert trainer.run(_deterministic, config={"steps": 8}, callbacks=[killer]) == expected
+    assert len(killer.killed) == 2
+    # Every step reached the callbacks exactly once, in order, with the iteration counter
+    # continuing across restarts.
+    assert killer.steps == [(s, s) for s in range(1, 9)]
+    assert time.monotonic() - start < 60
+    names = sorted(p.name for p in trainer.latest_checkpoint_dir.iterdir())
+    assert names == [f"checkpoint_{i:06d}" for i in range(1, 9)]
+
+
+def test_gives_up_after_max_retries(trainer_factory):
+    trainer = trainer_factory(max_retries=1)
+    with pytest.raises(sgd.TrainingFailedError, match=r"after 2 attempts \(max_retries=1\)") as info:
+        trainer.run(_deterministic, config={"steps": 10}, callbacks=[Killer(at_steps=[2, 4])])
+    assert isinstance(info.value.__cause__, sgd.WorkerDiedError)
+    assert "worker rank 1 died" in str(info.value)
+    # The trainer is usable again afterwards.
+    assert trainer.run(lambda: sgd.world_rank()) == [0, 1]
+
+
+def test_default_is_no_silent_loss_without_retries(trainer_factory):
+    trainer = trainer_factory(max_retries=0)
+    with pytest.raises(sgd.TrainingFailedError, match="after 1 attempts"):
+        trainer.run(_deterministic, config={"steps": 5}, callbacks=[Killer(at_steps=[2])])
+    # The checkpoints that reached the driver are on disk.
+    assert (trainer.latest_checkpoint_dir / "checkpoint_000002").is_dir()
+
+
+def _exits_once(config):
+    marker = config["marker"]
+    state = sgd.load_checkpoint()
+    if sgd.world_rank() == 1 and not os.path.exists(marker):
+        open(marker, "w").close()
+        sgd.save_checkpoint(stage="before-exit")
+        raise SystemExit(3)
+    if state is None:
+        sgd.save_checkpoint(stage="before-exit")
+    return state
+
+
+def test_sys_exit_nonzero_is_a_worker_failure(trainer_factory, tmp_path):
+    trainer = trainer_factory(max_retries=1)
+    out = trainer.run(_exits_once, config={"marker": str(tmp_path / "exited")})
+    assert out == [{"stage": "before-exit"}, {"stage": "before-exit"}]
+
+
+def test_sys_exit_zero_ends_the_function(trainer_factory):
+    def train_func():
+        sgd.report(x=1)
+        raise SystemExit(0)
+
+    assert trainer_factory().run(train_func) == [None, None]
