@@ -158,17 +158,19 @@ class Trainer:
         return Checkpoint.from_directory(path).to_dict()
 
     @classmethod
-    def restore(cls, run_dir: Union[str, os.PathLike]) -> Trainer:
+    def restore(cls, run_dir: Union[str, os.PathLike], backend: Optional[BackendConfig] = None) -> Trainer:
         """A trainer that continues the run in ``run_dir`` (whose driver died).
 
         Its settings come from the run's ``trainer.json``. Call ``start()`` and
         ``run(train_func, config)`` as before: the run goes on in the same
         directory from its last complete checkpoint, and rounds already in its
-        ``results.jsonl`` are not delivered again.
+        ``results.jsonl`` are not delivered again. Pass ``backend`` for a
+        ``BackendConfig`` that is not registered under a name.
         """
         run = RunDirectory.open(Path(run_dir))
         settings = run.read_settings()
-        backend = resolve_backend(settings["backend"]).config_cls(**settings["backend_config"])
+        if backend is None:
+            backend = resolve_backend(settings["backend"]).config_cls(**settings["backend_config"])
         trainer = cls(
             backend=backend,
             num_workers=tuple(settings["num_workers"]) if settings["num_workers"][0] != settings["num_workers"][1]

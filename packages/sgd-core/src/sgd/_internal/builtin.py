@@ -10,6 +10,14 @@ from __future__ import annotations
 from sgd.hookspecs import hookimpl
 
 
+@hookimpl
+def sgd_backends():
+    from sgd.backend import BackendConfig, BackendSpec
+
+    # The no-op backend: plain Python workers, no framework set up.
+    return [BackendSpec("base", BackendConfig, provider="sgd-core")]
+
+
 def _backend(backend_config):
     return backend_config.backend_cls()
 
