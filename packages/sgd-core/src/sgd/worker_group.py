@@ -158,7 +158,15 @@ class WorkerGroup:
             for i in range(self.num_workers)
         ]
         self.workers = actors
-        metadata = ray.get([a._sgd_metadata.remote() for a in actors])
+        timeout = self._placement_timeout_s or DEFAULT_PLACEMENT_TIMEOUT_S
+        try:
+            # Bounded: a reservation on a lost node may never be honoured.
+            metadata = ray.get([a._sgd_metadata.remote() for a in actors], timeout=timeout)
+        except ray.exceptions.GetTimeoutError as exc:
+            raise ResourcesUnavailableError(
+                f"{self.num_workers} workers did not start within {timeout:.0f}s (a node of the "
+                "reservation may be gone)."
+            ) from exc
         self._assign_ranks(actors, metadata)
 
     def _assign_ranks(self, actors: List[Any], metadata: List[WorkerMetadata]) -> None:
@@ -211,7 +219,7 @@ class WorkerGroup:
             ray.wait(refs, num_returns=len(refs), timeout=patience_s)
         for w in workers:
             ray.kill(w, no_restart=True)
-        self.metadata, self.contexts = [], []
+        # metadata/contexts still describe the stopped actors (where they ran) until a restart.
 
     def restart_actors(self) -> None:
         """Kill every actor at once and start fresh ones in the same reservation.

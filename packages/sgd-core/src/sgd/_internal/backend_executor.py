@@ -157,15 +157,22 @@ def _short(exc: BaseException) -> str:
     return text[0][:300] if text else type(exc).__name__
 
 
-def placeable_workers(bundle: Dict[str, float], min_workers: int, max_workers: int) -> int:
-    """How many workers of ``bundle`` fit in the cluster's free resources now, clamped to
-    ``[min_workers, max_workers]`` (placement then waits for ``min_workers`` if fewer fit)."""
+def placeable_workers(
+    bundle: Dict[str, float], min_workers: int, max_workers: int, ours: Optional[Dict[str, int]] = None
+) -> int:
+    """How many workers of ``bundle`` fit in the cluster now, clamped to ``[min_workers, max_workers]``
+    (placement then waits for ``min_workers`` if fewer fit).
+
+    :param ours: node id → workers of ours reserved there, about to be released; they count as free.
+    """
     from ray._private.state import available_resources_per_node
 
     need = {k: v for k, v in bundle.items() if v > 0}
+    ours = ours or {}
     fit = 0
-    for avail in available_resources_per_node().values():
-        fit += min((int(avail.get(k, 0) // v) for k, v in need.items()), default=0)
+    for node_id, avail in available_resources_per_node().items():
+        held = ours.get(node_id, 0)
+        fit += min((int((avail.get(k, 0) + v * held + 1e-9) // v) for k, v in need.items()), default=0)
     return max(min_workers, min(max_workers, fit))
 
 
@@ -214,13 +221,13 @@ class BackendExecutor:
         self.worker_group.add_shutdown_hook(self._teardown)
         return self.worker_group
 
-    def _new_worker_group(self) -> WorkerGroup:
+    def _new_worker_group(self, ours: Optional[Dict[str, int]] = None) -> WorkerGroup:
         res = dict(self.resources_per_worker)
         cpus = res.pop("CPU", 0)
         gpus = res.pop("GPU", 0)
         actor_cls, actor_cls_args, actor_cls_kwargs = self._actor_cls
         if self.min_workers != self.max_workers:
-            self.num_workers = placeable_workers(self.resources_per_worker, self.min_workers, self.max_workers)
+            self.num_workers = placeable_workers(self.resources_per_worker, self.min_workers, self.max_workers, ours)
             logger.info("elastic: starting %d workers (min %d, max %d)", self.num_workers,
                         self.min_workers, self.max_workers)
         return WorkerGroup(
@@ -251,11 +258,14 @@ class BackendExecutor:
             logger.info("restarting %d workers", self.num_workers)
             self.worker_group.restart_actors()
         else:
-            # Resize: give the old reservation back and place what fits now.
+            # Resize: count what fits with our old reservation released, release it, place anew.
             old = self.worker_group
+            ours: Dict[str, int] = {}
+            for meta in old.metadata:
+                ours[meta.node_id] = ours.get(meta.node_id, 0) + 1
             old.stop_actors()
             old.shutdown(patience_s=0)
-            self.worker_group = self._new_worker_group()
+            self.worker_group = self._new_worker_group(ours)
             self.worker_group.add_shutdown_hook(self._teardown)
         self._setup()
 
