@@ -246,3 +246,18 @@ def test_accelerate_helpers_without_amp_are_plain_torch(trainer):
         return wrapped is opt, bool(torch.equal(before, model.module.weight.detach()))
 
     assert trainer.run(train_func) == [(True, False), (True, False)]
+
+
+def test_torch_checkpoints_are_torch_files_loaded_safely(trainer, tmp_path):
+    def train_func():
+        model = torch.nn.Linear(2, 1)
+        sgd.save_checkpoint(weights=model.state_dict(), step=3)
+        sgd.save_checkpoint(module=model, step=4)  # a whole module needs the full unpickler
+
+    trainer.run(train_func)
+    first = trainer.latest_checkpoint_dir / "checkpoint_000001"
+    assert (first / "state.pt").exists()
+    state = torch.load(first / "state.pt", weights_only=True)  # plain tensors: safe loading works
+    assert state["step"] == 3 and state["weights"]["weight"].shape == (1, 2)
+    loaded = sgd.Trainer.load_checkpoint_from_path(trainer.latest_checkpoint_dir / "checkpoint_000002")
+    assert isinstance(loaded["module"], torch.nn.Linear)
