@@ -47,6 +47,20 @@ class Backend:
         worker; the default returns ``data`` unchanged."""
         return data
 
+    @classmethod
+    def encode_checkpoint(cls, state: Any) -> Any:
+        """Turn rank 0's checkpoint state into what travels to the driver (on the worker).
+
+        Checkpoints are large: a backend can pick a transport form Ray moves
+        without copies (numpy arrays); :meth:`decode_checkpoint` undoes it on the driver.
+        """
+        return cls.encode_data(state)
+
+    @staticmethod
+    def decode_checkpoint(state: Any) -> Any:
+        """Undo :meth:`encode_checkpoint` on the driver."""
+        return state
+
 
 @dataclass
 class BackendConfig:

@@ -168,7 +168,8 @@ class Checkpoint:
         return f"Checkpoint(dict with {len(self._data or {})} keys)"
 
 
-def write_dict_dir(data: Dict[str, Any], directory: Path, codec: str = DEFAULT_CODEC) -> None:
+def write_dict_dir(data: Dict[str, Any], directory: Path, codec: str = DEFAULT_CODEC,
+                   extra_meta: Optional[Dict[str, Any]] = None) -> None:
     """Write ``data`` into ``directory`` with ``codec`` (files are fsynced)."""
     directory.mkdir(parents=True, exist_ok=True)
     mod = _codec(codec)
@@ -179,7 +180,7 @@ def write_dict_dir(data: Dict[str, Any], directory: Path, codec: str = DEFAULT_C
         os.fsync(f.fileno())
     meta = directory / METADATA_FILE
     with open(meta, "w") as f:
-        json.dump({"format": "dict", "codec": codec, "state_file": state_file.name}, f)
+        json.dump({"format": "dict", "codec": codec, "state_file": state_file.name, **(extra_meta or {})}, f)
         f.flush()
         os.fsync(f.fileno())
 

@@ -451,7 +451,7 @@ class TrainingIterator:
                     raise StopIteration
                 kind, data = round_
                 if kind == CHECKPOINT:
-                    self._manager.register(data[0], self._delivered_iteration)
+                    self._manager.register(self._executor.decode_checkpoint(data[0]), self._delivered_iteration)
                     continue
                 iteration = data[0].get("_training_iteration", 0)
                 if iteration <= self._delivered_iteration:

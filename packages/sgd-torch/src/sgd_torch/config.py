@@ -160,6 +160,16 @@ class _TorchBackend(Backend):
             return data
         return _to_cpu(data)
 
+    @classmethod
+    def encode_checkpoint(cls, state: Any) -> Any:
+        if "torch" not in sys.modules:
+            return state
+        return _to_transport(_to_cpu(state))
+
+    @staticmethod
+    def decode_checkpoint(state: Any) -> Any:
+        return _from_transport(state)
+
 
 def _to_cpu(data: Any) -> Any:
     import torch
@@ -176,6 +186,56 @@ def _to_cpu(data: Any) -> Any:
         return tuple(_to_cpu(v) for v in data)
     if isinstance(data, torch.nn.Module):
         return _module_to_cpu(data)
+    return data
+
+
+class _NumpyTensor:
+    """A CPU tensor travelling as a numpy array: Ray moves those through its object
+    store without copies, while a tensor is serialised with an in-memory torch.save."""
+
+    __slots__ = ("array", "requires_grad")
+
+    def __init__(self, array: Any, requires_grad: bool):
+        self.array = array
+        self.requires_grad = requires_grad
+
+    def __reduce__(self):  # keep pickle protocol 5 out-of-band buffers for the array
+        return (_NumpyTensor, (self.array, self.requires_grad))
+
+
+def _to_transport(data: Any) -> Any:
+    import torch
+
+    if isinstance(data, torch.Tensor):
+        if data.layout != torch.strided or data.dtype in (torch.bfloat16,) or data.is_quantized:
+            return data  # numpy cannot hold it; normal pickling
+        try:
+            return _NumpyTensor(data.detach().contiguous().numpy(), data.requires_grad)
+        except (TypeError, RuntimeError):
+            return data
+    if isinstance(data, dict):
+        return {k: _to_transport(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_to_transport(v) for v in data]
+    if isinstance(data, tuple) and not hasattr(data, "_fields"):
+        return tuple(_to_transport(v) for v in data)
+    return data
+
+
+def _from_transport(data: Any) -> Any:
+    if isinstance(data, _NumpyTensor):
+        import numpy as np
+        import torch
+
+        # The array may be a read-only view of Ray's object store: copy it out.
+        tensor = torch.from_numpy(np.array(data.array, copy=True))
+        return tensor.requires_grad_(data.requires_grad) if data.requires_grad else tensor
+    if isinstance(data, dict):
+        return {k: _from_transport(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_from_transport(v) for v in data]
+    if isinstance(data, tuple) and not hasattr(data, "_fields"):
+        return tuple(_from_transport(v) for v in data)
     return data
 
 

@@ -288,16 +288,22 @@ class BackendExecutor:
         wg = self.worker_group
         self.hook.sgd_backend_training_start(worker_group=wg, backend_config=self.backend_config)
         encode = self._backend.encode_data
+        encode_checkpoint = self._backend.encode_checkpoint
         shards = dataset_shards or [None] * len(wg)
         ray.get(
             [
-                w._sgd_start_training.remote(train_func, encode, checkpoint, shard, self.max_pending, start_iteration)
+                w._sgd_start_training.remote(
+                    train_func, encode, checkpoint, shard, self.max_pending, start_iteration, encode_checkpoint
+                )
                 for w, shard in zip(wg.workers, shards)
             ]
         )
         # Until the run ends cleanly, assume it did not.
         self._needs_restart = True
         return RunState(wg.workers)
+
+    def decode_checkpoint(self, state: Any) -> Any:
+        return self._backend.decode_checkpoint(state)
 
     def end_training(self, ok: bool, error: Optional[BaseException] = None) -> None:
         """Close a run: on success just forget it; on failure stop every worker at once."""

@@ -100,12 +100,9 @@ class CheckpointManager:
         final = self.checkpoint_dir / checkpoint_dir_name(checkpoint_id)
         tmp = self.checkpoint_dir / f".tmp_{final.name}_{uuid.uuid4().hex[:8]}"
         try:
-            write_dict_dir(state, tmp, self.codec)
-            meta_file = tmp / METADATA_FILE
-            meta = json.loads(meta_file.read_text())
-            meta.update(id=checkpoint_id, score=score if math.isfinite(score) else None,
+            meta = dict(id=checkpoint_id, score=score if math.isfinite(score) else None,
                         iteration=iteration, timestamp=time.time())
-            meta_file.write_text(json.dumps(meta))
+            write_dict_dir(state, tmp, self.codec, extra_meta=meta)
             _fsync_dir(tmp)
             if final.exists():  # left by an earlier attempt of a resumed run
                 shutil.rmtree(final)

@@ -91,10 +91,12 @@ class Session:
         dataset_shard: Any = None,
         max_pending: int = DEFAULT_MAX_PENDING,
         start_iteration: int = 0,
+        encode_checkpoint: Optional[Callable[[Any], Any]] = None,
     ):
         self._train_func = train_func
         self.context = context
         self._encode = encode
+        self._encode_checkpoint = encode_checkpoint or encode
         self.loaded_checkpoint = checkpoint
         self.dataset_shard = dataset_shard
         self._max_pending = max(1, max_pending)
@@ -183,7 +185,7 @@ class Session:
     def save_checkpoint(self, state: Dict[str, Any]) -> None:
         # Only rank 0's state is kept; the other ranks send a marker so that
         # the driver can still check that every rank took part.
-        data = self._encode(dict(state)) if self.context.world_rank == 0 else None
+        data = self._encode_checkpoint(dict(state)) if self.context.world_rank == 0 else None
         item = _Item(CHECKPOINT, data)
         self._put(item)
         with self._cv:

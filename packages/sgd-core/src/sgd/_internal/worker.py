@@ -55,12 +55,16 @@ class WorkerMixin:
         dataset_shard: Any,
         max_pending: int,
         start_iteration: int = 0,
+        encode_checkpoint: Optional[Callable[[Any], Any]] = None,
     ) -> None:
         previous = STATE.session
         if previous is not None and not previous.finished:
             raise RuntimeError("a training function is still running on this worker")
         assert STATE.context is not None, "worker context must be set before training"
-        session = Session(train_func, STATE.context, encode, checkpoint, dataset_shard, max_pending, start_iteration)
+        session = Session(
+            train_func, STATE.context, encode, checkpoint, dataset_shard, max_pending, start_iteration,
+            encode_checkpoint,
+        )
         STATE.session = session
         session.start()
 
