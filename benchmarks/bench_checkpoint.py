@@ -141,7 +141,7 @@ def main() -> int:
     parser.add_argument("--mb", type=int, default=100)
     args = parser.parse_args()
     reps, kills = (3, 2) if args.quick else (5, 4)
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     logdir = Path(tempfile.mkdtemp(prefix="sgd_bench_ckpt_"))
     trainer = sgd.Trainer(backend="torch", num_workers=2, logdir=logdir, max_retries=-1)
     trainer.start()

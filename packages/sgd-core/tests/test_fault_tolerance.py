@@ -57,7 +57,19 @@ def trainer_factory(ray_cluster):
 
 def test_restart_resumes_from_latest_checkpoint(trainer_factory):
     expected = trainer_factory().run(_deterministic, config={"steps": 8})
-    trainer = trainer_factory(max_retries=3)
+    failures = []
+
+    class Watching(sgd.BackendConfig):
+        @property
+        def backend_cls(self):
+            class Backend(sgd.Backend):
+                def on_failure(self, worker_group, backend_config, error):
+                    failures.append(type(error).__name__)
+
+            return Backend
+
+    trainer = sgd.Trainer(backend=Watching(), num_workers=2, max_retries=3)
+    trainer.start()
     killer = Killer(at_steps=[3, 6])
     start = time.monotonic()
     assert trainer.run(_deterministic, config={"steps": 8}, callbacks=[killer]) == expected
@@ -68,6 +80,8 @@ def test_restart_resumes_from_latest_checkpoint(trainer_factory):
     assert time.monotonic() - start < 60
     names = sorted(p.name for p in trainer.latest_checkpoint_dir.iterdir())
     assert names == [f"checkpoint_{i:06d}" for i in range(1, 9)]
+    assert failures == ["WorkerDiedError", "WorkerDiedError"]  # the backend heard of each failure
+    trainer.shutdown()
 
 
 def test_gives_up_after_max_retries(trainer_factory):
@@ -82,7 +96,7 @@ def test_gives_up_after_max_retries(trainer_factory):
 
 def test_default_is_no_silent_loss_without_retries(trainer_factory):
     trainer = trainer_factory(max_retries=0)
-    with pytest.raises(sgd.TrainingFailedError, match="after 1 attempts"):
+    with pytest.raises(sgd.TrainingFailedError, match="after 1 attempt "):
         trainer.run(_deterministic, config={"steps": 5}, callbacks=[Killer(at_steps=[2])])
     # The checkpoints that reached the driver are on disk.
     assert (trainer.latest_checkpoint_dir / "checkpoint_000002").is_dir()

@@ -135,3 +135,33 @@ def test_plugins_add_cli_commands(fresh_plugins, capsys):
     fresh_plugins.register(_plugin("greeter", sgd_cli_commands=add))
     assert cli.main(["hello", "sgd"]) == 7
     assert capsys.readouterr().out == "hello sgd\n"
+
+
+def test_failing_plugin_teardown_does_not_skip_backend_shutdown(fresh_plugins, ray_cluster):
+    calls = []
+
+    class Recording(sgd.Backend):
+        def on_start(self, worker_group, backend_config):
+            calls.append("on_start")
+
+        def on_shutdown(self, worker_group, backend_config):
+            calls.append("on_shutdown")
+
+    class Config(sgd.BackendConfig):
+        @property
+        def backend_cls(self):
+            return Recording
+
+    def broken_teardown(worker_group):
+        raise RuntimeError("plugin teardown broke")
+
+    fresh_plugins.register(_plugin(
+        "broken",
+        sgd_backend_setup=lambda worker_group: calls.append("plugin_setup"),
+        sgd_backend_teardown=broken_teardown,
+    ))
+    trainer = sgd.Trainer(backend=Config(), num_workers=1)
+    trainer.start()
+    trainer.shutdown()
+    # The backend's own setup runs before other plugins' setup; its teardown still runs.
+    assert calls == ["on_start", "plugin_setup", "on_shutdown"]

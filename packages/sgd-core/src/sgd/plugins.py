@@ -39,6 +39,7 @@ class _State:
     failures: List[PluginFailure] = field(default_factory=list)
     backends: Optional[Dict[str, BackendSpec]] = None
     backend_conflicts: Dict[str, List[str]] = field(default_factory=dict)
+    backend_failures: List[PluginFailure] = field(default_factory=list)
 
 
 _lock = threading.RLock()
@@ -124,18 +125,23 @@ def plugin_distribution(plugin_name: str) -> Optional[str]:
 
 
 def load_failures() -> List[PluginFailure]:
-    """Entry points that failed to load, with the reason."""
-    return list(_get_state().failures)
+    """Entry points that failed to load (or whose ``sgd_backends`` raised), with the reason."""
+    available_backends()
+    state = _get_state()
+    return list(state.failures) + list(state.backend_failures)
 
 
 def _collect_backends(state: _State) -> None:
     backends: Dict[str, BackendSpec] = {}
     conflicts: Dict[str, List[str]] = {}
+    state.backend_failures = []
     for impl in state.pm.hook.sgd_backends.get_hookimpls():
         try:
             specs: List[BackendSpec] = list(impl.function() or [])  # type: ignore[call-overload]
         except Exception as exc:
-            state.failures.append(PluginFailure(impl.plugin_name, plugin_distribution(impl.plugin_name), repr(exc)))
+            state.backend_failures.append(
+                PluginFailure(impl.plugin_name, plugin_distribution(impl.plugin_name), repr(exc))
+            )
             continue
         for spec in specs:
             provider = spec.provider or plugin_distribution(impl.plugin_name) or impl.plugin_name

@@ -227,9 +227,14 @@ class Trainer:
     def _next_run_dir(self) -> Path:
         self.logdir.mkdir(parents=True, exist_ok=True)
         numbers = [int(m.group(1)) for p in self.logdir.iterdir() if (m := _RUN_DIR.match(p.name))]
-        run_dir = self.logdir / f"run_{max(numbers, default=0) + 1:03d}"
-        run_dir.mkdir()
-        return run_dir
+        number = max(numbers, default=0) + 1
+        while True:  # another driver may take the same number at the same moment
+            run_dir = self.logdir / f"run_{number:03d}"
+            try:
+                run_dir.mkdir()
+                return run_dir
+            except FileExistsError:
+                number += 1
 
     @staticmethod
     def _checkpoint_dict(checkpoint: Any) -> Optional[dict]:
@@ -262,7 +267,8 @@ class Trainer:
             raise TypeError(f"checkpoint_strategy must be an sgd.CheckpointStrategy, got {type(strategy).__name__}")
         initial = self._checkpoint_dict(checkpoint)
         all_callbacks = list(callbacks or [])
-        for extra in get_plugin_manager().hook.sgd_default_callbacks(trainer=self):
+        # pluggy returns the most recently registered plugin first; use registration order.
+        for extra in reversed(get_plugin_manager().hook.sgd_default_callbacks(trainer=self)):
             all_callbacks.extend(extra or [])
         codec = self._backend_config.backend_cls.checkpoint_codec
         resume, self._resume_run = self._resume_run, None
@@ -278,8 +284,7 @@ class Trainer:
             self._manager = CheckpointManager(run.checkpoint_dir, strategy, codec)
         run.write_settings(self._settings())
         self._latest_run_dir = run.path
-        shards = _shard_dataset(dataset, self._max_workers)
-        return TrainingIterator(self, fn, config or {}, all_callbacks, initial, shards, run)
+        return TrainingIterator(self, fn, config or {}, all_callbacks, initial, dataset, run)
 
     def run(
         self,
@@ -379,7 +384,7 @@ class TrainingIterator:
         config: Dict[str, Any],
         callbacks: List[TrainingCallback],
         checkpoint: Optional[dict],
-        dataset_shards: Optional[List[Any]],
+        dataset: Any,
         run_dir: RunDirectory,
     ):
         self._trainer = trainer
@@ -388,7 +393,8 @@ class TrainingIterator:
         self._manager = trainer._manager
         self._train_func = train_func
         self._initial_checkpoint = checkpoint
-        self._shards = dataset_shards
+        self._dataset = dataset
+        self._shards: Dict[int, Optional[List[Any]]] = {}
         self._run_dir = run_dir
         self._delivered_iteration = run_dir.last_iteration()
         self._failures = 0
@@ -404,33 +410,47 @@ class TrainingIterator:
         for cb in callbacks:
             cb.start_training(logdir=str(trainer.latest_run_dir), config=config)
         try:
-            self._run: RunState = self._start(checkpoint, self._manager.latest_iteration if checkpoint else 0)
+            try:
+                self._run: RunState = self._start(checkpoint, self._manager.latest_iteration if checkpoint else 0)
+            except WorkerDiedError as exc:
+                self._recover(exc)
         except BaseException:
             self._finish(error=True)
             raise
 
     def _start(self, checkpoint: Optional[dict], start_iteration: int) -> RunState:
-        assert self._executor is not None
-        return self._executor.start_training(self._train_func, checkpoint, self._shards, start_iteration)
+        assert self._executor is not None and self._executor.worker_group is not None
+        n = self._executor.num_workers
+        if self._dataset is not None and n not in self._shards:
+            # Split once per group size: reused after restarts, re-cut when an elastic group resizes.
+            self._shards = {n: _shard_dataset(self._dataset, n)}
+        shards = self._shards.get(n) if self._dataset is not None else None
+        return self._executor.start_training(self._train_func, checkpoint, shards, start_iteration)
 
     def _recover(self, error: WorkerDiedError) -> None:
-        """Restart the workers and the training function from the latest checkpoint."""
+        """Restart the workers and the training function from the latest checkpoint,
+        as often as ``max_retries`` allows (a worker may also die while restarting)."""
         assert self._executor is not None
-        self._failures += 1
         limit = self._trainer.max_retries
-        if limit != -1 and self._failures > limit:
-            raise TrainingFailedError(
-                f"training failed after {self._failures} attempts (max_retries={limit}); "
-                f"last failure: {error}"
-            ) from error
-        logger.warning("%s; restarting the workers (failure %d of %s)", error, self._failures,
-                       "unlimited" if limit == -1 else limit)
-        self._executor.restart()
-        state = self._manager.latest_state
-        if state is not None:
-            self._run = self._start(state, self._manager.latest_iteration)
-        else:
-            self._run = self._start(self._initial_checkpoint, 0)
+        while True:
+            self._failures += 1
+            if limit != -1 and self._failures > limit:
+                raise TrainingFailedError(
+                    f"training failed after {self._failures} attempt{'s' if self._failures != 1 else ''} "
+                    f"(max_retries={limit}); last failure: {error}"
+                ) from error
+            logger.warning("%s; restarting the workers (failure %d of %s)", error, self._failures,
+                           "unlimited" if limit == -1 else limit)
+            try:
+                self._executor.restart(error)
+                state = self._manager.latest_state
+                if state is not None:
+                    self._run = self._start(state, self._manager.latest_iteration)
+                else:
+                    self._run = self._start(self._initial_checkpoint, 0)
+                return
+            except WorkerDiedError as exc:
+                error = exc
 
     def __iter__(self) -> TrainingIterator:
         return self

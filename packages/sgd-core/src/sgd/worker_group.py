@@ -22,10 +22,17 @@ from sgd._internal.worker import WorkerMetadata, remote_worker_class
 
 logger = logging.getLogger("sgd")
 
-#: Seconds to wait for resources that the cluster has but are in use.
-DEFAULT_PLACEMENT_TIMEOUT_S = float(os.environ.get("SGD_PLACEMENT_TIMEOUT_S", "120"))
-#: Seconds to wait for resources the cluster does not have at all (nodes may be joining).
-DEFAULT_INFEASIBLE_TIMEOUT_S = float(os.environ.get("SGD_INFEASIBLE_TIMEOUT_S", "10"))
+
+
+def placement_timeout_s() -> float:
+    """Seconds to wait for resources that the cluster has but are in use (``SGD_PLACEMENT_TIMEOUT_S``)."""
+    return float(os.environ.get("SGD_PLACEMENT_TIMEOUT_S", "120"))
+
+
+def infeasible_timeout_s() -> float:
+    """Seconds to wait for resources the cluster does not have at all, in case nodes are
+    joining (``SGD_INFEASIBLE_TIMEOUT_S``)."""
+    return float(os.environ.get("SGD_INFEASIBLE_TIMEOUT_S", "10"))
 
 
 class ResourcesUnavailableError(RuntimeError):
@@ -127,7 +134,7 @@ class WorkerGroup:
         feasible, why = _feasible(bundle, self.num_workers)
         timeout = self._placement_timeout_s
         if timeout is None:
-            timeout = DEFAULT_PLACEMENT_TIMEOUT_S if feasible else DEFAULT_INFEASIBLE_TIMEOUT_S
+            timeout = placement_timeout_s() if feasible else infeasible_timeout_s()
         deadline = time.monotonic() + timeout
         ready = self._pg.ready()
         while True:
@@ -158,7 +165,7 @@ class WorkerGroup:
             for i in range(self.num_workers)
         ]
         self.workers = actors
-        timeout = self._placement_timeout_s or DEFAULT_PLACEMENT_TIMEOUT_S
+        timeout = self._placement_timeout_s or placement_timeout_s()
         try:
             # Bounded: a reservation on a lost node may never be honoured.
             metadata = ray.get([a._sgd_metadata.remote() for a in actors], timeout=timeout)

@@ -41,7 +41,8 @@ def _start_local_ray() -> None:
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=CLUSTER_CPUS, include_dashboard=False, log_to_driver=True)
+        # address="local": never join a cluster another program started on this machine.
+        ray.init(address="local", num_cpus=CLUSTER_CPUS, include_dashboard=False, log_to_driver=True)
 
 
 @pytest.fixture

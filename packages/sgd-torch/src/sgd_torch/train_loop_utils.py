@@ -48,6 +48,8 @@ def prepare_model(
     device = get_device()
     if move_to_device:
         model = model.to(device)
+    if _amp_enabled:
+        _autocast_forward(model, device)
     if wrap_ddp and _world_size() > 1:
         from torch.nn.parallel import DistributedDataParallel
 
@@ -57,6 +59,21 @@ def prepare_model(
             kwargs.setdefault("output_device", device.index)
         model = DistributedDataParallel(model, **kwargs)
     return model
+
+
+def _autocast_forward(model: torch.nn.Module, device: torch.device) -> None:
+    """Run ``model``'s forward under ``torch.autocast`` (float16 on GPU, bfloat16 on CPU)."""
+    import functools
+
+    forward = model.forward
+    dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
+
+    @functools.wraps(forward)
+    def autocast_forward(*args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(device_type=device.type, dtype=dtype):
+            return forward(*args, **kwargs)
+
+    model.forward = autocast_forward  # type: ignore[method-assign]
 
 
 class _DeviceLoader:
@@ -147,7 +164,9 @@ def enable_reproducibility(seed: int = 0) -> None:
 
 
 def accelerate(amp: bool = False) -> None:
-    """Turn on automatic mixed precision for :func:`prepare_optimizer` / :func:`backward`."""
+    """Turn on automatic mixed precision: models prepared afterwards run their forward under
+    ``torch.autocast`` (float16 on GPU, bfloat16 on CPU); :func:`prepare_optimizer` and
+    :func:`backward` scale the loss on GPU. Call it before :func:`prepare_model`."""
     global _amp_enabled, _scaler
     _amp_enabled = amp
     _scaler = torch.amp.GradScaler("cuda") if amp and get_device().type == "cuda" else None

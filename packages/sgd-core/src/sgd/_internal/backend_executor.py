@@ -12,6 +12,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from sgd._internal.session import CHECKPOINT, DEFAULT_MAX_PENDING, RemoteError
+from sgd._internal.utils import ensure_ray
 from sgd.backend import BackendConfig
 from sgd.plugins import get_plugin_manager
 from sgd.worker_group import WorkerGroup
@@ -227,6 +228,7 @@ class BackendExecutor:
         gpus = res.pop("GPU", 0)
         actor_cls, actor_cls_args, actor_cls_kwargs = self._actor_cls
         if self.min_workers != self.max_workers:
+            ensure_ray()
             self.num_workers = placeable_workers(self.resources_per_worker, self.min_workers, self.max_workers, ours)
             logger.info("elastic: starting %d workers (min %d, max %d)", self.num_workers,
                         self.min_workers, self.max_workers)
@@ -250,7 +252,13 @@ class BackendExecutor:
     def _teardown(self, worker_group: WorkerGroup) -> None:
         if self._needs_restart:
             return  # the process group is in an unknown state; killing the actors cleans up
-        self.hook.sgd_backend_teardown(worker_group=worker_group, backend_config=self.backend_config)
+        # Every implementation runs even if one fails: the workers must always be released.
+        for impl in reversed(self.hook.sgd_backend_teardown.get_hookimpls()):
+            kwargs = {"worker_group": worker_group, "backend_config": self.backend_config}
+            try:
+                impl.function(**{name: kwargs[name] for name in impl.argnames})
+            except Exception:
+                logger.exception("sgd_backend_teardown of plugin %r failed", impl.plugin_name)
 
     def _restart(self) -> None:
         assert self.worker_group is not None
@@ -269,9 +277,16 @@ class BackendExecutor:
             self.worker_group.add_shutdown_hook(self._teardown)
         self._setup()
 
-    def restart(self) -> None:
-        """Replace every worker (after a failure) and set the backend up again."""
+    def restart(self, error: Optional[BaseException] = None) -> None:
+        """Replace every worker (after ``error``) and set the backend up again."""
         self._needs_restart = True
+        if error is not None and self.worker_group is not None:
+            try:
+                self.hook.sgd_backend_handle_failure(
+                    worker_group=self.worker_group, backend_config=self.backend_config, error=error
+                )
+            except Exception:
+                logger.exception("backend failure handler raised")
         self._restart()
 
     def start_training(
@@ -290,14 +305,18 @@ class BackendExecutor:
         encode = self._backend.encode_data
         encode_checkpoint = self._backend.encode_checkpoint
         shards = dataset_shards or [None] * len(wg)
-        ray.get(
-            [
-                w._sgd_start_training.remote(
-                    train_func, encode, checkpoint, shard, self.max_pending, start_iteration, encode_checkpoint
-                )
-                for w, shard in zip(wg.workers, shards)
-            ]
-        )
+        refs = [
+            w._sgd_start_training.remote(
+                train_func, encode, checkpoint, shard, self.max_pending, start_iteration, encode_checkpoint
+            )
+            for w, shard in zip(wg.workers, shards)
+        ]
+        for rank, ref in enumerate(refs):
+            try:
+                ray.get(ref)
+            except RayActorError as exc:
+                self._needs_restart = True
+                raise WorkerDiedError(f"worker rank {rank} died: {_short(exc)}", rank) from exc
         # Until the run ends cleanly, assume it did not.
         self._needs_restart = True
         return RunState(wg.workers)

@@ -22,7 +22,9 @@ def _backend(backend_config):
     return backend_config.backend_cls()
 
 
-@hookimpl
+# The backend's own setup runs first, so that other plugins' setup sees a ready group;
+# its teardown runs last.
+@hookimpl(tryfirst=True)
 def sgd_backend_setup(worker_group, backend_config):
     _backend(backend_config).on_start(worker_group, backend_config)
 
@@ -32,7 +34,7 @@ def sgd_backend_training_start(worker_group, backend_config):
     _backend(backend_config).on_training_start(worker_group, backend_config)
 
 
-@hookimpl
+@hookimpl(trylast=True)
 def sgd_backend_teardown(worker_group, backend_config):
     _backend(backend_config).on_shutdown(worker_group, backend_config)
 

@@ -13,13 +13,18 @@ logger = logging.getLogger("sgd")
 def ensure_ray() -> None:
     """Start an embedded local Ray cluster unless Ray is already initialised.
 
-    ``RAY_ADDRESS`` (read by ``ray.init`` itself) connects to a cluster instead.
+    ``RAY_ADDRESS`` connects to a cluster instead. Without it the cluster is always a
+    new embedded one (``address="local"``): a bare ``ray.init()`` would join any cluster
+    that another program started on this machine with ``ray start``.
     """
     import ray
 
     if not ray.is_initialized():
         # The dashboard costs seconds at start and memory; opt in with SGD_RAY_DASHBOARD=1.
-        ray.init(include_dashboard=os.environ.get("SGD_RAY_DASHBOARD", "0") == "1")
+        ray.init(
+            address=os.environ.get("RAY_ADDRESS") or "local",
+            include_dashboard=os.environ.get("SGD_RAY_DASHBOARD", "0") == "1",
+        )
 
 
 def wrap_train_func(train_func: Callable[..., Any], config: Any) -> Callable[[], Any]:
