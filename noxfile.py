@@ -17,8 +17,8 @@ nox.options.error_on_missing_interpreters = True
 
 PYTHON = "3.11"
 CONSTRAINTS = ("-c", "constraints.txt")
-PACKAGES = ["packages/sgd-core", "packages/sgd-torch", "packages/sgd-testing"]
-TEST_DEPS = ["pytest>=8", "pytest-timeout", "setuptools", "wheel", "numpy"]
+PACKAGES = ["packages/sgd-core", "packages/sgd-torch", "packages/sgd-testing", "packages/sgd-loggers"]
+TEST_DEPS = ["pytest>=8", "pytest-timeout", "setuptools", "wheel", "numpy", "pyarrow", "fsspec"]
 
 
 def _install(session: nox.Session, *extra: str) -> None:
@@ -30,7 +30,7 @@ def _install(session: nox.Session, *extra: str) -> None:
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """The whole test suite: each package's tests and the end-to-end tests in tests/."""
-    _install(session, *TEST_DEPS)
+    _install(session, *TEST_DEPS, "-e", "packages/sgd-loggers[mlflow,wandb,tensorboard,plot]")
     args = session.posargs or ["packages", "tests"]
     session.run("pytest", *args, env={"PYTHONUNBUFFERED": "1"})
 

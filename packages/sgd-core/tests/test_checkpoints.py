@@ -254,13 +254,15 @@ def test_mismatched_checkpoint_counts(trainer):
 def test_results_and_status_persisted(trainer):
     def train_func():
         for i in range(3):
-            sgd.report(i=i, bad=float("nan"))
+            sgd.report(i=i, bad=float("nan"), wandb_api_key="k-123", nested={"Password": "p-456", "ok": 1})
 
     trainer.run(train_func)
     run = trainer.latest_run_dir
     lines = [json.loads(x) for x in (run / "results.jsonl").read_text().splitlines()]
     assert [[r["i"] for r in line] for line in lines] == [[0, 0], [1, 1], [2, 2]]
-    assert lines[0][0]["bad"] == "nan"
+    assert lines[0][0]["bad"] == "NaN"
+    text = (run / "results.jsonl").read_text()
+    assert "k-123" not in text and "p-456" not in text and lines[0][0]["nested"] == {"ok": 1}
     assert json.loads((run / "status.json").read_text())["status"] == "FINISHED"
     assert json.loads((run / "trainer.json").read_text())["num_workers"] == [2, 2]
     with pytest.raises(ValueError):

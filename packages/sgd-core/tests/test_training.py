@@ -341,3 +341,18 @@ def test_session_api_outside_training_function():
 def test_report_rejects_non_dict(trainer_2):
     with pytest.raises(TypeError, match="dict"):
         trainer_2.run(lambda: sgd.report([1, 2]))
+
+
+def test_reports_made_before_an_error_reach_callbacks(trainer_2):
+    def train_func():
+        for i in range(3):
+            sgd.report(i=i)
+        if sgd.world_rank() == 1:
+            raise ValueError("after three reports")
+        threading.Event().wait()  # rank 0 never ends on its own
+
+    rec = Recorder()
+    with pytest.raises(ValueError, match="after three reports"):
+        trainer_2.run(train_func, callbacks=[rec])
+    assert [[r["i"] for r in results] for results in rec.rounds] == [[0, 0], [1, 1], [2, 2]]
+    assert rec.events[-1] == ("finish", True)

@@ -101,8 +101,9 @@ def mlflow_server(tmp_path_factory):
     from sgd_loggers.mlflow_logger import local_tracking_uri
 
     root = tmp_path_factory.mktemp("mlflow-server")
-    os.environ.setdefault("SGD_LOGGERS_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "sgd-loggers-cache"))
-    backend_uri = local_tracking_uri(root / "store")
+    with pytest.MonkeyPatch.context() as mp:  # the same cache the tests use (see _offline_tools)
+        mp.setenv("SGD_LOGGERS_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "sgd-loggers-cache"))
+        backend_uri = local_tracking_uri(root / "store")
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     log = open(root / "server.log", "wb")

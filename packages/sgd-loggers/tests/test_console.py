@@ -66,8 +66,8 @@ def test_progress_line_on_a_terminal(terminal, rounds):
     cb.finish_training()
     frames = frames_of(read())
     assert len(frames) == 4  # three rounds, then the final line
-    assert re.fullmatch(r"sgd train_a/run_003 \| iter 1 \| 0:00:0\d \| loss=1 acc/top1=0\.1\x1b\[K", frames[0])
-    assert re.fullmatch(r"sgd train_a/run_003 \| iter 3 \| 0:00:0\d \| loss=0\.3333 acc/top1=0\.3\x1b\[K", frames[2])
+    assert re.fullmatch(r"sgd run_003 \| iter 1 \| 0:00:0\d \| loss=1 acc/top1=0\.1\x1b\[K", frames[0])
+    assert re.fullmatch(r"sgd run_003 \| iter 3 \| 0:00:0\d \| loss=0\.3333 acc/top1=0\.3\x1b\[K", frames[2])
     assert frames[3].endswith("loss=0.3333 acc/top1=0.3 | done\x1b[K\r\n")  # the tty turns \n into \r\n
     assert "\n" not in "".join(frames[:3])  # one live line: no newline until the end
 
@@ -84,14 +84,26 @@ def test_progress_failed_run_chosen_metrics_and_width(terminal, rounds):
     cb.handle_result(rounds[1])
     cb.finish_training(error=True)
     frames = frames_of(read())
-    full = "sgd t/run_001 | iter 2 | 0:00:00 | acc/top1=0.21"
+    full = "sgd run_001 | iter 2 | 0:00:00 | acc/top1=0.21"
     assert frames[0] == full[:38] + "…\x1b[K"  # cut to 39 of the 40 columns
     cb2 = ProgressCallback(stream=stream, metrics=["acc/top1"], worker_to_log=1, refresh_s=0)
     fcntl.ioctl(stream.fileno(), termios.TIOCSWINSZ, struct.pack("HHHH", 24, 200, 0, 0))
     cb2.start_training(logdir="/r/t/run_001", config={})
     cb2.handle_result(rounds[1])
     cb2.finish_training(error=True)
-    assert frames_of(read())[-1] == "sgd t/run_001 | iter 2 | 0:00:00 | acc/top1=0.21 | failed\x1b[K\r\n"
+    assert frames_of(read())[-1] == "sgd run_001 | iter 2 | 0:00:00 | acc/top1=0.21 | failed\x1b[K\r\n"
+
+
+def test_progress_shows_no_secret_and_survives_odd_values(terminal, secret):
+    stream, read = terminal
+    cb = ProgressCallback(stream=stream, refresh_s=0)
+    cb.start_training(logdir="/r/t/run_001", config={"api_key": secret})
+    cb.handle_result([{"_training_iteration": 1, "loss": float("nan"), "inf": float("inf"), "name": "abc",
+                       "auth_token": 12345.0, "val": {"client_secret": 777.0, "acc": 0.5}}])
+    cb.finish_training()
+    (frame, final) = frames_of(read())
+    assert frame == "sgd run_001 | iter 1 | 0:00:00 | loss=nan inf=inf val/acc=0.5\x1b[K"
+    assert "12345" not in final and "777" not in final
 
 
 def test_progress_is_off_when_not_a_terminal(rounds):
@@ -105,7 +117,7 @@ def test_progress_is_off_when_not_a_terminal(rounds):
     forced.start_training(logdir="/r/t/run_001", config={})
     forced.handle_result(rounds[0])
     forced.finish_training()
-    assert stream.getvalue().startswith("\rsgd t/run_001 | iter 1 |")
+    assert stream.getvalue().startswith("\rsgd run_001 | iter 1 |")
 
 
 def test_progress_redraws_at_most_every_refresh_s_but_ends_on_the_last_round(terminal, make_rounds):

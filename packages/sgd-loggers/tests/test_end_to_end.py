@@ -60,12 +60,24 @@ def test_json_and_csv(trainer):
     ]
 
 
-def test_json_file_survives_a_failed_run(trainer):
-    cb = JsonLoggerCallback()
-    with pytest.raises(ValueError, match="failing on purpose"):
-        trainer.run(train_func, config={**CONFIG, "fail": True}, callbacks=[cb])
+class CrashAt(sgd.TrainingCallback):
+    """Ends the run from the driver in the middle of training, at a known round."""
+
+    def __init__(self, iteration):
+        self.iteration = iteration
+
+    def handle_result(self, results, **info):
+        if results[0]["_training_iteration"] == self.iteration:
+            raise KeyboardInterrupt("driver stopped mid-run")
+
+
+def test_json_and_csv_files_survive_a_run_stopped_mid_way(trainer):
+    json_cb, csv_cb = JsonLoggerCallback(), CSVLoggerCallback()
+    with pytest.raises(KeyboardInterrupt):
+        trainer.run(train_func, config=CONFIG, callbacks=[json_cb, csv_cb, CrashAt(2)])
     data = json.loads((trainer.latest_run_dir / "results.json").read_text())
-    assert [r[0]["loss"] for r in data] == losses(0)
+    assert [r[0]["loss"] for r in data] == losses(0)[:2]
+    assert len((trainer.latest_run_dir / "results.csv").read_text().splitlines()) == 1 + 2
 
 
 def test_tensorboard(trainer):
@@ -99,9 +111,7 @@ def test_mlflow_server_finished_with_checkpoint_then_failed(trainer, mlflow_serv
     with pytest.raises(ValueError):
         trainer.run(train_func, config={**CONFIG, "fail": True}, callbacks=[cb])
     assert cb.run_id != first_run
-    failed = client.get_run(cb.run_id)
-    assert failed.info.status == "FAILED"
-    assert [m.value for m in client.get_metric_history(cb.run_id, "loss")] == losses(0)
+    assert client.get_run(cb.run_id).info.status == "FAILED"
 
 
 def test_mlflow_default_local_store(trainer):
@@ -124,8 +134,9 @@ def test_wandb_offline(trainer, read_wandb_offline):
     assert [(h["_step"], h["loss"]) for h in run.history] == list(zip([1, 2, 3], losses(0)))
 
 
-def test_print_progress_and_plot(trainer, capsys):
+def test_print_progress_and_plot(trainer, capsys, monkeypatch):
     pytest.importorskip("matplotlib")
+    monkeypatch.setenv("COLUMNS", "200")  # the width of a stream that is not a terminal
     from sgd_loggers.plot import load_rounds, make_figure
 
     progress_out = io.StringIO()
@@ -136,7 +147,8 @@ def test_print_progress_and_plot(trainer, capsys):
     assert [[w["loss"] for w in r] for r in rounds] == [list(pair) for pair in zip(losses(0), losses(1))]
     drawn = progress_out.getvalue()
     assert drawn.count("\r") == 4 and drawn.endswith(" | done\x1b[K\n")
-    assert "| iter 3 |" in drawn and "loss=1.333 extra/acc=0.75" in drawn
+    assert drawn.startswith("\rsgd run_001 | iter 1 | 0:00:0")
+    assert "| iter 3 |" in drawn and "loss=0.3333 extra/acc=0.75" in drawn
 
     # `sgd plot` reads the results.jsonl the core wrote for the same run.
     loaded, source = load_rounds(trainer.latest_run_dir)

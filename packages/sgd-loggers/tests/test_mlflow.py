@@ -10,10 +10,10 @@ import pytest
 
 pytest.importorskip("mlflow")
 
-from mlflow.tracking import MlflowClient  # noqa: E402
+from mlflow.tracking import MlflowClient
 
-from sgd_loggers import MLflowLoggerCallback  # noqa: E402
-from sgd_loggers.mlflow_logger import mlflow_key  # noqa: E402
+from sgd_loggers import MLflowLoggerCallback
+from sgd_loggers.mlflow_logger import mlflow_key
 
 CONFIG = {"lr": 0.1, "model": {"layers": 3, "act": "relu"}, "batch_size": 32, "note": None}
 PARAMS = {"lr": "0.1", "model/layers": "3", "model/act": "relu", "batch_size": "32", "note": ""}
@@ -61,7 +61,8 @@ def test_default_local_store_under_run_dir(tmp_path, rounds, monkeypatch):
     run_id2 = log_run(cb2, other, rounds[:1])
     client2 = MlflowClient(tracking_uri=cb2.tracking_uri)
     assert cb2.tracking_uri != cb.tracking_uri
-    assert client2.get_experiment_by_name("exp one").artifact_location == str(other.resolve() / "mlartifacts" / "exp_one")
+    location = client2.get_experiment_by_name("exp one").artifact_location
+    assert location == str(other.resolve() / "mlartifacts" / "exp_one")
     assert [a.path for a in client2.list_artifacts(run_id2, "checkpoints")] == ["checkpoints/checkpoint_000001"]
     stored = list((other / "mlartifacts" / "exp_one").rglob("state.bin"))
     assert [p.read_bytes() for p in stored] == [b"\x00weights"]
@@ -161,3 +162,14 @@ def test_secrets_never_reach_mlflow(mlflow_server, tmp_path, secret, files_conta
 )
 def test_mlflow_key(key, expected):
     assert mlflow_key(key) == expected
+
+
+def test_a_run_left_open_is_marked_failed(mlflow_server, tmp_path, rounds):
+    cb = MLflowLoggerCallback(tracking_uri=mlflow_server.url, experiment_name="sgd-open")
+    cb.start_training(logdir=str(tmp_path / "run_001"), config={})
+    cb.handle_result(rounds[0])
+    abandoned = cb.run_id  # the driver never called finish_training for it
+    second = log_run(cb, tmp_path / "run_002", rounds[:1])
+    client = MlflowClient(tracking_uri=mlflow_server.url)
+    assert client.get_run(abandoned).info.status == "FAILED"
+    assert client.get_run(second).info.status == "FINISHED"

@@ -26,7 +26,8 @@ def test_not_secret_keys(key):
 
 
 def test_redact_any_level_keeps_the_rest():
-    value = {"a": 1, "Token": "x", "b": {"password": "x", "c": [{"secret_sauce": 1, "d": 2}, 3], "e": ("x", {"api_key": 1})}}
+    value = {"a": 1, "Token": "x",
+             "b": {"password": "x", "c": [{"secret_sauce": 1, "d": 2}, 3], "e": ("x", {"api_key": 1})}}
     assert redact(value) == {"a": 1, "b": {"c": [{"d": 2}, 3], "e": ("x", {})}}
     assert value["Token"] == "x"  # the caller's dict is not changed
 

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("wandb")
 
-from sgd_loggers import WandbLoggerCallback  # noqa: E402
+from sgd_loggers import WandbLoggerCallback
 
 CONFIG = {"lr": 0.1, "model": {"layers": 3}}
 

@@ -261,3 +261,19 @@ def test_torch_checkpoints_are_torch_files_loaded_safely(trainer, tmp_path):
     assert state["step"] == 3 and state["weights"]["weight"].shape == (1, 2)
     loaded = sgd.Trainer.load_checkpoint_from_path(trainer.latest_checkpoint_dir / "checkpoint_000002")
     assert isinstance(loaded["module"], torch.nn.Linear)
+
+
+def test_checkpoint_sent_to_the_driver_keeps_tensors(trainer):
+    """With nothing persisted the state travels to the driver (as numpy, zero-copy) and
+    comes back as ordinary, writable CPU tensors."""
+
+    def train_func():
+        sgd.save_checkpoint(w=torch.arange(6.0).reshape(2, 3), b=torch.ones(2, dtype=torch.bfloat16),
+                            meta={"step": 1})
+
+    trainer.run(train_func, checkpoint_strategy=sgd.CheckpointStrategy(num_to_keep=0))
+    state = trainer.latest_checkpoint
+    assert not trainer.latest_checkpoint_dir.exists()
+    assert torch.equal(state["w"], torch.arange(6.0).reshape(2, 3))
+    assert state["b"].dtype == torch.bfloat16 and state["meta"] == {"step": 1}
+    state["w"].add_(1)  # writable: not a view of Ray's read-only object store

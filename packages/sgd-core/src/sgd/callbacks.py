@@ -17,6 +17,8 @@ class TrainingCallback:
 
         :param logdir: the run directory (``trainer.latest_run_dir``).
         :param config: the ``config`` passed to ``Trainer.run``.
+        :param info: ``resumed`` (bool: the run continues a run directory, see
+            ``Trainer.restore``) and ``start_iteration`` (the last iteration already delivered).
         """
 
     def handle_result(self, results: List[Dict[str, Any]], **info: Any) -> None:

@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 from sgd._internal.backend_executor import BackendExecutor, RunState, TrainingFailedError, WorkerDiedError
 from sgd._internal.checkpoint_manager import CheckpointManager
 from sgd._internal.run_dir import RunDirectory
-from sgd._internal.session import CHECKPOINT
+from sgd._internal.session import CHECKPOINT, DirectCheckpoint, DirectWrite
 from sgd._internal.utils import wrap_train_func
 from sgd.backend import BackendConfig
 from sgd.callbacks import TrainingCallback
@@ -139,7 +139,7 @@ class Trainer:
     @property
     def latest_checkpoint(self) -> Optional[dict]:
         """Rank 0's state from the latest ``sgd.save_checkpoint`` of the latest run."""
-        return self._manager.latest_state if self._manager else None
+        return self._manager.latest() if self._manager else None
 
     @property
     def best_checkpoint_path(self) -> Optional[Path]:
@@ -407,8 +407,10 @@ class TrainingIterator:
         }
         self._finished = False
         self._final: Optional[List[Any]] = None
+        resumed = self._delivered_iteration > 0
         for cb in callbacks:
-            cb.start_training(logdir=str(trainer.latest_run_dir), config=config)
+            cb.start_training(logdir=str(trainer.latest_run_dir), config=config, resumed=resumed,
+                              start_iteration=self._delivered_iteration)
         try:
             try:
                 self._run: RunState = self._start(checkpoint, self._manager.latest_iteration if checkpoint else 0)
@@ -425,7 +427,13 @@ class TrainingIterator:
             # Split once per group size: reused after restarts, re-cut when an elastic group resizes.
             self._shards = {n: _shard_dataset(self._dataset, n)}
         shards = self._shards.get(n) if self._dataset is not None else None
-        return self._executor.start_training(self._train_func, checkpoint, shards, start_iteration)
+        direct = None
+        if self._manager.strategy.num_to_keep != 0 and self._executor.rank0_on_driver_node():
+            # Rank 0 shares the driver's disk: it writes checkpoints itself, no transfer.
+            self._manager.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+            direct = DirectWrite(str(self._manager.checkpoint_dir), self._manager.codec,
+                                 self._manager.strategy.checkpoint_score_attribute)
+        return self._executor.start_training(self._train_func, checkpoint, shards, start_iteration, direct)
 
     def _recover(self, error: WorkerDiedError) -> None:
         """Restart the workers and the training function from the latest checkpoint,
@@ -443,7 +451,8 @@ class TrainingIterator:
                            "unlimited" if limit == -1 else limit)
             try:
                 self._executor.restart(error)
-                state = self._manager.latest_state
+                self._manager.remove_temporary()  # the old workers are gone, mid-write or not
+                state = self._manager.latest()
                 if state is not None:
                     self._run = self._start(state, self._manager.latest_iteration)
                 else:
@@ -471,7 +480,11 @@ class TrainingIterator:
                     raise StopIteration
                 kind, data = round_
                 if kind == CHECKPOINT:
-                    self._manager.register(self._executor.decode_checkpoint(data[0]), self._delivered_iteration)
+                    if isinstance(data[0], DirectCheckpoint):
+                        self._manager.register_written(Path(data[0].path), data[0].score_values,
+                                                       self._delivered_iteration)
+                    else:
+                        self._manager.register(self._executor.decode_checkpoint(data[0]), self._delivered_iteration)
                     continue
                 iteration = data[0].get("_training_iteration", 0)
                 if iteration <= self._delivered_iteration:
@@ -495,6 +508,7 @@ class TrainingIterator:
         self._run_dir.close(error)
         if self._executor is not None:
             self._executor.end_training(ok=not error, error=exc)
+        self._manager.remove_temporary()
         for cb in self._callbacks:
             try:
                 cb.finish_training(error=error)

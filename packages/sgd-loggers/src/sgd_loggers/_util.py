@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import math
 import numbers
+import os
 import re
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
@@ -135,7 +136,7 @@ def to_jsonable(value: Any) -> Any:
     return str(value)
 
 
-def resolve_dir(logdir: Optional[Union[str, Path]], run_dir: Union[str, Path]) -> Path:
+def resolve_dir(logdir: Optional[Union[str, os.PathLike]], run_dir: Union[str, os.PathLike]) -> Path:
     """The directory a logger writes to: the run directory when ``logdir`` is ``None``.
 
     ``~`` is expanded; a relative ``logdir`` is taken relative to the run directory.

@@ -16,7 +16,7 @@ from sgd_loggers._util import check_worker, clean, scalar, select, step_of, to_j
 
 # Console callbacks in a running training run, so that the automatic progress line keeps
 # quiet when something else already writes to the console.
-_active: "weakref.WeakSet[TrainingCallback]" = weakref.WeakSet()
+_active: weakref.WeakSet[TrainingCallback] = weakref.WeakSet()
 
 
 class PrintCallback(TrainingCallback):
@@ -48,7 +48,7 @@ def _format_number(value: float) -> str:
 class ProgressCallback(TrainingCallback):
     """One live console line per run, redrawn every round: iteration, elapsed time, metrics.
 
-    ``sgd 3/run_001 | iter 12 | 0:01:23 | loss=0.1234 acc=0.98``
+    ``sgd run_001 | iter 12 | 0:01:23 | loss=0.1234 acc=0.98``
 
     The line is drawn with a carriage return and cut to the terminal's width; at the end
     of the run it is left on screen with ``done`` or ``failed``. It is off when the stream
@@ -104,8 +104,7 @@ class ProgressCallback(TrainingCallback):
         self._start = time.monotonic()
         self._last_draw = float("-inf")
         self._pending = None
-        parts = os.path.normpath(str(logdir)).split(os.sep)
-        self._run_name = "/".join(parts[-2:])
+        self._run_name = os.path.basename(os.path.normpath(str(logdir)))
         if self._out is not None:
             _active.add(self)
 

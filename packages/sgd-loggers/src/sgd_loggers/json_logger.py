@@ -25,9 +25,10 @@ class JsonLoggerCallback(TrainingCallback):
     valid JSON after every round: a round is written in place of the closing bracket and
     the bracket after it, in one ``write`` call, so the cost of a round does not grow with
     the file and a run that crashes (or is killed) leaves a readable file. Each entry sits
-    on its own line. When the file already exists in the run directory (a run resumed with
-    ``Trainer.restore``), its rounds are kept and the new ones appended. NaN and infinities are written as the strings ``"NaN"``,
-    ``"Infinity"`` and ``"-Infinity"``; keys that look like secrets are left out.
+    on its own line. NaN and infinities are written as the strings ``"NaN"``,
+    ``"Infinity"`` and ``"-Infinity"``; keys that look like secrets are left out. When the
+    file already exists in the run directory (a run resumed with ``Trainer.restore``), its
+    rounds are kept and the new ones appended.
 
     :param logdir: where the file goes; ``None`` means the run directory, a relative
         path is taken relative to the run directory.

@@ -148,6 +148,7 @@ class MLflowLoggerCallback(TrainingCallback):
         from mlflow.entities import Param
         from mlflow.tracking import MlflowClient
 
+        self.finish_training(error=True)  # a run left open by a run that never finished
         self._run_dir = Path(logdir)
         local = not (self._tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"))
         uri = local_tracking_uri(self._run_dir) if local else (self._tracking_uri or os.environ["MLFLOW_TRACKING_URI"])

@@ -99,6 +99,7 @@ def make_figure(rounds: List[List[Dict[str, Any]]], metrics: Optional[Sequence[s
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
+        from matplotlib.ticker import MaxNLocator
     except ImportError as exc:
         raise ImportError("sgd plot needs matplotlib: pip install 'sgd-loggers[plot]'") from exc
 
@@ -122,6 +123,7 @@ def make_figure(rounds: List[List[Dict[str, Any]]], metrics: Optional[Sequence[s
         if len(workers) > 1:
             ax.legend(loc="best", fontsize="small")
     axes[-1].set_xlabel("_training_iteration")
+    axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
     if title:
         fig.suptitle(title)
     return fig

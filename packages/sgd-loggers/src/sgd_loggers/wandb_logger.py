@@ -63,7 +63,7 @@ class WandbLoggerCallback(TrainingCallback):
     def start_training(self, logdir: str, config: Dict[str, Any], **info: Any) -> None:
         import wandb
 
-        self.finish_training()
+        self.finish_training(error=True)  # a run left open by a run that never finished
         run_dir = Path(logdir)
         kwargs = dict(self._init_kwargs)
         kwargs.setdefault("dir", str(run_dir))
@@ -82,7 +82,7 @@ class WandbLoggerCallback(TrainingCallback):
         self._run = wandb.init(
             project=self._project,
             group=self._group,
-            mode=self._mode,
+            mode=self._mode,  # type: ignore[arg-type]  # wandb checks the value itself
             config=to_jsonable(merged),
             settings=settings,
             **kwargs,

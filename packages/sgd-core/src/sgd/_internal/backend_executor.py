@@ -5,13 +5,14 @@ starts runs and turns the workers' result batches into rounds.
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import ray
 from ray.exceptions import RayActorError
 
-from sgd._internal.session import CHECKPOINT, DEFAULT_MAX_PENDING, RemoteError
+from sgd._internal.session import CHECKPOINT, DEFAULT_MAX_PENDING, DirectWrite, RemoteError
 from sgd._internal.utils import ensure_ray
 from sgd.backend import BackendConfig
 from sgd.plugins import get_plugin_manager
@@ -21,6 +22,8 @@ logger = logging.getLogger("sgd")
 
 #: Most items one poll returns.
 POLL_BATCH = 4096
+#: After a worker error, how long to collect the reports other workers had already made.
+ERROR_DRAIN_S = 1.0
 
 
 class TrainingFailedError(RuntimeError):
@@ -77,20 +80,29 @@ class RunState:
         self._done = [False] * n
         self._kind_counts: List[Dict[str, int]] = [{} for _ in range(n)]
         self.returns: List[Any] = [None] * n
+        self._error: Optional[RemoteError] = None
+        self._drain_deadline = 0.0
         self._inflight: Dict[ray.ObjectRef, int] = {}
         # One open call per worker that errors as soon as its process dies, so a
         # death is seen even while the driver waits on another worker's poll.
         self._watches: Dict[ray.ObjectRef, int] = {w._sgd_watch.remote(): i for i, w in enumerate(workers)}
 
     def next_round(self) -> Optional[Tuple[str, List[Any]]]:
-        """The next round as ``(kind, [data per worker])``, or ``None`` when every worker finished."""
+        """The next round as ``(kind, [data per worker])``, or ``None`` when every worker finished.
+
+        When a worker raised, the rounds every worker had already reported are still
+        returned (callbacks see them), then the error is raised.
+        """
         while True:
             if all(self._pending):
                 items = [p.popleft() for p in self._pending]
                 kinds = {k for k, _ in items}
-                if len(kinds) > 1:
+                if len(kinds) > 1 and self._error is None:
                     self._mismatch_kinds(items)
                 return items[0][0], [d for _, d in items]
+            if self._error is not None:
+                self._drain_or_raise()
+                continue
             if all(self._done):
                 if any(self._pending):
                     self._mismatch()
@@ -116,8 +128,9 @@ class RunState:
                     batch, finished, value, error = ray.get(ref)
                 except RayActorError as exc:
                     raise WorkerDiedError(f"worker rank {i} died: {_short(exc)}", i) from exc
-                if error is not None:
-                    _raise_remote(error)
+                if error is not None and self._error is None:
+                    self._error = error
+                    self._drain_deadline = time.monotonic() + ERROR_DRAIN_S
                 counts = self._kind_counts[i]
                 for kind, _ in batch:
                     counts[kind] = counts.get(kind, 0) + 1
@@ -125,6 +138,33 @@ class RunState:
                 if finished:
                     self._done[i] = True
                     self.returns[i] = value
+
+    def _drain_or_raise(self) -> None:
+        """After a worker error: collect reports the others had already made (briefly: a
+        worker blocked in a collective will make none), or raise the error."""
+        assert self._error is not None
+        waiting = [i for i, p in enumerate(self._pending) if not p]
+        if any(self._done[i] for i in waiting):
+            _raise_remote(self._error)  # a finished worker has nothing more: no round can form
+        for i in waiting:
+            if i not in self._inflight.values():
+                self._inflight[self._workers[i]._sgd_poll.remote(POLL_BATCH)] = i
+        timeout = self._drain_deadline - time.monotonic()
+        ready = []
+        if timeout > 0:
+            ready, _ = ray.wait(list(self._inflight), num_returns=1, timeout=timeout)
+        if not ready:
+            _raise_remote(self._error)
+        for ref in ready:
+            i = self._inflight.pop(ref)
+            try:
+                batch, finished, value, _ = ray.get(ref)
+            except RayActorError:
+                _raise_remote(self._error)
+            self._pending[i].extend(batch)
+            if finished:
+                self._done[i] = True
+                self.returns[i] = value
 
     def _describe(self) -> str:
         parts = []
@@ -295,6 +335,7 @@ class BackendExecutor:
         checkpoint: Optional[dict] = None,
         dataset_shards: Optional[List[Any]] = None,
         start_iteration: int = 0,
+        direct_write: Optional[DirectWrite] = None,
     ) -> RunState:
         if self.worker_group is None:
             raise RuntimeError("the trainer is not started; call trainer.start() first")
@@ -307,9 +348,10 @@ class BackendExecutor:
         shards = dataset_shards or [None] * len(wg)
         refs = [
             w._sgd_start_training.remote(
-                train_func, encode, checkpoint, shard, self.max_pending, start_iteration, encode_checkpoint
+                train_func, encode, checkpoint, shard, self.max_pending, start_iteration, encode_checkpoint,
+                direct_write if rank == 0 else None,
             )
-            for w, shard in zip(wg.workers, shards)
+            for rank, (w, shard) in enumerate(zip(wg.workers, shards))
         ]
         for rank, ref in enumerate(refs):
             try:
@@ -320,6 +362,11 @@ class BackendExecutor:
         # Until the run ends cleanly, assume it did not.
         self._needs_restart = True
         return RunState(wg.workers)
+
+    def rank0_on_driver_node(self) -> bool:
+        """Whether rank 0 shares the driver's node (and so its local disk)."""
+        wg = self.worker_group
+        return bool(wg and wg.metadata) and wg.metadata[0].node_id == ray.get_runtime_context().get_node_id()
 
     def decode_checkpoint(self, state: Any) -> Any:
         return self._backend.decode_checkpoint(state)

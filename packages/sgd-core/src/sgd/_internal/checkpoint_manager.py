@@ -57,11 +57,15 @@ class CheckpointManager:
         self.latest_state: Optional[Dict[str, Any]] = None
         self.latest_iteration = 0
         self._kept: List[_Kept] = []
-        # Temporary directories are writes a crash cut short: never valid, safe to drop.
-        for stale in checkpoint_dir.glob(f".tmp_{_PREFIX}*"):
-            shutil.rmtree(stale, ignore_errors=True)
+        self.remove_temporary()
         if start_id:
             self._kept = self._scan()
+
+    def remove_temporary(self) -> None:
+        """Drop temporary folders: writes a crash cut short, never valid. Call it only when
+        no write can be in flight (no workers running)."""
+        for stale in self.checkpoint_dir.glob(".tmp_*"):
+            shutil.rmtree(stale, ignore_errors=True)
 
     # --- writing -------------------------------------------------------------
 
@@ -95,14 +99,47 @@ class CheckpointManager:
             return self.strategy.score({"_timestamp": time.time()})
         return self.strategy.score(state)
 
-    def _write(self, checkpoint_id: int, state: Dict[str, Any], score: float, iteration: int) -> Path:
+    def register_written(self, tmp: Path, score_values: Dict[str, Any], iteration: int) -> Path:
+        """Take a checkpoint that rank 0 wrote itself into ``tmp`` (a temporary folder in
+        :attr:`checkpoint_dir`): give it its number and metadata, rename it into place."""
+        self.latest_id += 1
+        self.latest_state = None  # loaded from disk if asked for
+        self.latest_iteration = iteration
+        score_error: Optional[ValueError] = None
+        try:
+            score = self._score(score_values)
+        except ValueError as exc:
+            score, score_error = -math.inf, exc
+        path = self._write(self.latest_id, None, score, iteration, written=tmp)
+        self._kept.append(_Kept(self.latest_id, score, path))
+        self._prune()
+        if score_error is not None:
+            raise score_error
+        return path
+
+    def latest(self) -> Optional[Dict[str, Any]]:
+        """The latest checkpoint's state (read back from disk if rank 0 wrote it directly)."""
+        if self.latest_state is None and self.latest_id and self._kept:
+            from sgd.checkpoint import Checkpoint
+
+            newest = max(self._kept, key=lambda c: c.checkpoint_id)
+            if newest.checkpoint_id == self.latest_id:
+                self.latest_state = Checkpoint.from_directory(newest.path).to_dict()
+        return self.latest_state
+
+    def _write(self, checkpoint_id: int, state: Optional[Dict[str, Any]], score: float, iteration: int,
+               written: Optional[Path] = None) -> Path:
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         final = self.checkpoint_dir / checkpoint_dir_name(checkpoint_id)
-        tmp = self.checkpoint_dir / f".tmp_{final.name}_{uuid.uuid4().hex[:8]}"
+        tmp = written or self.checkpoint_dir / f".tmp_{final.name}_{uuid.uuid4().hex[:8]}"
         try:
             meta = dict(id=checkpoint_id, score=score if math.isfinite(score) else None,
                         iteration=iteration, timestamp=time.time())
-            write_dict_dir(state, tmp, self.codec, extra_meta=meta)
+            if written is None:
+                assert state is not None
+                write_dict_dir(state, tmp, self.codec, extra_meta=meta)
+            else:
+                _update_metadata(tmp / METADATA_FILE, meta)
             _fsync_dir(tmp)
             if final.exists():  # left by an earlier attempt of a resumed run
                 shutil.rmtree(final)
@@ -155,6 +192,15 @@ class CheckpointManager:
     @property
     def kept_ids(self) -> List[int]:
         return sorted(c.checkpoint_id for c in self._kept)
+
+
+def _update_metadata(meta_file: Path, extra: Dict[str, Any]) -> None:
+    meta = json.loads(meta_file.read_text())
+    meta.update(extra)
+    with open(meta_file, "w") as f:
+        json.dump(meta, f)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def latest_checkpoint_in(checkpoint_dir: Path) -> Optional[Path]:

@@ -9,8 +9,10 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+import re
 import time
 from pathlib import Path
 from typing import IO, Any, Dict, List, Optional, Tuple
@@ -37,9 +39,28 @@ def _json_default(value: Any) -> Any:
     return repr(value)
 
 
+_SECRET = re.compile(r"api[_-]?key|token|password|secret", re.IGNORECASE)
+
+
+@functools.lru_cache(maxsize=4096)
+def is_secret_key(key: str) -> bool:
+    """Keys that look like credentials never reach a file (same rule as sgd-loggers)."""
+    return bool(_SECRET.search(key))
+
+
+def redact(value: Any) -> Any:
+    """``value`` without dict entries whose key looks like a secret, at any depth."""
+    if isinstance(value, dict):
+        return {k: redact(v) for k, v in value.items() if not (isinstance(k, str) and is_secret_key(k))}
+    if isinstance(value, (list, tuple)):
+        return [redact(v) for v in value]
+    return value
+
+
 def _finite(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
-        return str(value)  # "nan", "inf": keeps the file strict JSON
+        # Strict JSON has no NaN/Infinity; spelled as sgd-loggers spells them.
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
     if isinstance(value, dict):
         return {k: _finite(v) for k, v in value.items()}
     if isinstance(value, list):
@@ -72,7 +93,7 @@ class RunDirectory:
     # --- settings and status -------------------------------------------------
 
     def write_settings(self, settings: Dict[str, Any]) -> None:
-        (self.path / SETTINGS_FILE).write_text(json.dumps(settings, indent=2, default=repr))
+        (self.path / SETTINGS_FILE).write_text(json.dumps(redact(settings), indent=2, default=repr))
 
     def read_settings(self) -> Dict[str, Any]:
         return json.loads((self.path / SETTINGS_FILE).read_text())
@@ -91,6 +112,7 @@ class RunDirectory:
     def append_results(self, results: List[Dict[str, Any]]) -> None:
         if self._results is None:
             self._results = open(self.path / RESULTS_FILE, "a", encoding="utf-8")
+        results = redact(results)
         try:
             line = json.dumps(results, default=_json_default, allow_nan=False)
         except ValueError:

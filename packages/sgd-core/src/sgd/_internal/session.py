@@ -21,6 +21,7 @@ import time
 import traceback
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 REPORT = "report"
@@ -70,6 +71,26 @@ class RemoteError:
     hostname: str
 
 
+class DirectCheckpoint:
+    """A checkpoint rank 0 wrote itself into the driver's checkpoint folder (same node):
+    only its temporary path and score travel; the driver finalises and renames it."""
+
+    __slots__ = ("path", "score_values")
+
+    def __init__(self, path: str, score_values: Dict[str, Any]):
+        self.path = path
+        self.score_values = score_values
+
+
+@dataclass
+class DirectWrite:
+    """Where and how rank 0 writes checkpoints itself (see :class:`DirectCheckpoint`)."""
+
+    directory: str
+    codec: str
+    score_attribute: str
+
+
 class _Item:
     __slots__ = ("kind", "data", "acked")
 
@@ -92,11 +113,13 @@ class Session:
         max_pending: int = DEFAULT_MAX_PENDING,
         start_iteration: int = 0,
         encode_checkpoint: Optional[Callable[[Any], Any]] = None,
+        direct_write: Optional[DirectWrite] = None,
     ):
         self._train_func = train_func
         self.context = context
         self._encode = encode
         self._encode_checkpoint = encode_checkpoint or encode
+        self._direct_write = direct_write
         self.loaded_checkpoint = checkpoint
         self.dataset_shard = dataset_shard
         self._max_pending = max(1, max_pending)
@@ -185,13 +208,35 @@ class Session:
     def save_checkpoint(self, state: Dict[str, Any]) -> None:
         # Only rank 0's state is kept; the other ranks send a marker so that
         # the driver can still check that every rank took part.
-        data = self._encode_checkpoint(dict(state)) if self.context.world_rank == 0 else None
+        data = None
+        if self.context.world_rank == 0:
+            data = self._write_direct(state) if self._direct_write else None
+            if data is None:
+                data = self._encode_checkpoint(dict(state))
         item = _Item(CHECKPOINT, data)
         self._put(item)
         with self._cv:
             while not item.acked:
                 self._cv.wait()
         self.loaded_checkpoint = state
+
+    def _write_direct(self, state: Dict[str, Any]) -> Optional[DirectCheckpoint]:
+        """Write rank 0's checkpoint straight to the (local) checkpoint folder; ``None``
+        if that fails, so the state goes to the driver instead, which reports the error."""
+        import shutil
+        import uuid
+
+        from sgd.checkpoint import write_dict_dir
+
+        assert self._direct_write is not None
+        target = os.path.join(self._direct_write.directory, f".tmp_direct_{uuid.uuid4().hex[:12]}")
+        try:
+            write_dict_dir(self._encode(dict(state)), Path(target), self._direct_write.codec)
+        except OSError:
+            shutil.rmtree(target, ignore_errors=True)
+            return None
+        attr = self._direct_write.score_attribute
+        return DirectCheckpoint(target, {attr: state[attr]} if attr in state else {})
 
     # --- called by the driver through the actor -------------------------------
 

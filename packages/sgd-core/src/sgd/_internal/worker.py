@@ -9,7 +9,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import ray
 
-from sgd._internal.session import STATE, Session, WorkerContext
+from sgd._internal.session import STATE, DirectWrite, Session, WorkerContext
 
 #: Concurrency group for driver calls that must run while user code occupies the
 #: default group (polling a run, reading metadata). User methods stay sequential.
@@ -56,6 +56,7 @@ class WorkerMixin:
         max_pending: int,
         start_iteration: int = 0,
         encode_checkpoint: Optional[Callable[[Any], Any]] = None,
+        direct_write: Optional[DirectWrite] = None,
     ) -> None:
         previous = STATE.session
         if previous is not None and not previous.finished:
@@ -63,7 +64,7 @@ class WorkerMixin:
         assert STATE.context is not None, "worker context must be set before training"
         session = Session(
             train_func, STATE.context, encode, checkpoint, dataset_shard, max_pending, start_iteration,
-            encode_checkpoint,
+            encode_checkpoint, direct_write,
         )
         STATE.session = session
         session.start()
