@@ -188,14 +188,8 @@ def test_full_disk_gives_a_clear_error_and_loses_nothing(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def trainer():
-    import sgd_testing.fixtures as f
-
-    f._start_local_ray()
-    trainer = sgd.Trainer(backend=sgd.BackendConfig(), num_workers=2)
-    trainer.start()
-    yield trainer
-    trainer.shutdown()
+def trainer(base_trainer):
+    return base_trainer
 
 
 def _three_checkpoints(config):

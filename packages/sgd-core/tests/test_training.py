@@ -30,14 +30,8 @@ class Recorder(sgd.TrainingCallback):
 
 
 @pytest.fixture(scope="module")
-def trainer_2():
-    import sgd_testing.fixtures as f
-
-    f._start_local_ray()
-    trainer = sgd.Trainer(backend=sgd.BackendConfig(), num_workers=2)
-    trainer.start()
-    yield trainer
-    trainer.shutdown()
+def trainer_2(base_trainer):
+    return base_trainer
 
 
 def test_returns_in_rank_order_and_config_default(trainer_2):

@@ -54,6 +54,18 @@ def ray_cluster() -> Iterator[Dict[str, float]]:
     yield ray.cluster_resources()
 
 
+@pytest.fixture(scope="module")
+def base_trainer() -> Iterator[Any]:
+    """A started 2-worker trainer with the no-op backend, shared by one test module."""
+    import sgd
+
+    _start_local_ray()
+    trainer = sgd.Trainer(backend=sgd.BackendConfig(), num_workers=2)
+    trainer.start()
+    yield trainer
+    trainer.shutdown()
+
+
 @pytest.fixture
 def two_node_cluster() -> Iterator[Any]:
     """A fresh two-node local cluster (2 CPUs per node); the shared cluster is shut down first."""
