@@ -123,3 +123,19 @@ def test_trainer_to_worker_group_has_backend_set_up(ray_cluster):
         assert ray.get([w.train.remote(epoch=0) for w in wg]) == [(1, 0, 2), (1, 1, 2)]
     finally:
         wg.shutdown()
+
+
+def _imported(name):
+    import sys
+
+    return name in sys.modules
+
+
+def test_preload_modules_are_imported_in_the_background(ray_cluster):
+    wg = sgd.WorkerGroup(num_workers=2, preload_modules=("json.tool", "no_such_module_sgd"))
+    try:
+        # The import runs in the background; a missing module is ignored (the real import reports it).
+        wait_for(lambda: all(wg.execute(_imported, "json.tool")), timeout=20)
+        assert wg.execute(sgd.world_rank) == [0, 1]
+    finally:
+        wg.shutdown()

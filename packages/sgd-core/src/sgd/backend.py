@@ -26,6 +26,11 @@ class Backend:
     #: Module that writes dict checkpoints to disk (``SUFFIX``, ``save(obj, f)``, ``load(f)``).
     checkpoint_codec: str = "sgd._internal.codec"
 
+    #: Modules each worker starts importing in the background as soon as its process
+    #: exists, while the driver is still placing and ranking the group (a framework's
+    #: import is most of a cold start).
+    preload_modules: tuple = ()
+
     def on_start(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
         """Set the framework up on every worker (after ranks are assigned)."""
 

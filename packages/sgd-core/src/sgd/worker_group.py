@@ -10,7 +10,7 @@ import logging
 import os
 import time
 from collections import OrderedDict
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
@@ -51,6 +51,7 @@ class WorkerGroup:
     :param actor_cls_args: positional arguments for ``actor_cls``.
     :param actor_cls_kwargs: keyword arguments for ``actor_cls``.
     :param placement_timeout_s: how long to wait for the cluster to place the group.
+    :param preload_modules: modules every worker starts importing in the background at once.
 
     The group starts when created. Workers on one node get consecutive ranks;
     rank 0 is on the driver's node when a worker runs there.
@@ -67,6 +68,7 @@ class WorkerGroup:
         actor_cls_kwargs: Optional[dict] = None,
         *,
         placement_timeout_s: Optional[float] = None,
+        preload_modules: Tuple[str, ...] = (),
     ):
         if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers <= 0:
             raise ValueError(f"num_workers must be a positive int, got {num_workers!r}")
@@ -89,6 +91,7 @@ class WorkerGroup:
         self._actor_args = tuple(actor_cls_args or ())
         self._actor_kwargs = dict(actor_cls_kwargs or {})
         self._placement_timeout_s = placement_timeout_s
+        self._preload_modules = tuple(preload_modules)
         self._pg: Optional[PlacementGroup] = None
         self.workers: List[Any] = []
         self.metadata: List[WorkerMetadata] = []
@@ -164,6 +167,9 @@ class WorkerGroup:
             ).remote(*self._actor_args, **self._actor_kwargs)
             for i in range(self.num_workers)
         ]
+        if self._preload_modules:
+            for a in actors:  # fire and forget: overlaps the framework import with what follows
+                a._sgd_preload.remote(self._preload_modules)
         self.workers = actors
         timeout = self._placement_timeout_s or placement_timeout_s()
         try:

@@ -101,6 +101,7 @@ def _destroy_process_group() -> None:
 
 class _TorchBackend(Backend):
     checkpoint_codec = "sgd_torch.codec"
+    preload_modules = ("torch.distributed",)
 
     def on_start(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
         assert isinstance(backend_config, TorchConfig)

@@ -280,6 +280,7 @@ class BackendExecutor:
             actor_cls=actor_cls,
             actor_cls_args=actor_cls_args,
             actor_cls_kwargs=actor_cls_kwargs,
+            preload_modules=tuple(self._backend.preload_modules),
         )
 
     def _setup(self) -> None:

@@ -44,6 +44,18 @@ class WorkerMixin:
         )
 
     @ray.method(concurrency_group=CONTROL_GROUP)
+    def _sgd_preload(self, modules: Tuple[str, ...]) -> None:
+        """Import ``modules`` (in a control-group thread, so other calls go on meanwhile;
+        code that needs them waits on Python's import lock until they are in)."""
+        import importlib
+
+        for name in modules:
+            try:
+                importlib.import_module(name)
+            except Exception:  # the real import later reports the problem properly
+                pass
+
+    @ray.method(concurrency_group=CONTROL_GROUP)
     def _sgd_set_context(self, context: WorkerContext) -> None:
         STATE.context = context
 
