@@ -52,9 +52,12 @@ def demo(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
-    """Benchmarks; writes benchmarks/results/core.json and prints a table."""
+    """Benchmarks: core overhead, checkpoints and recovery; JSON and markdown tables in
+    benchmarks/results/. ``nox -s bench -- --quick`` runs fewer repetitions."""
     _install(session)
-    session.run("python", "benchmarks/bench_core.py", *session.posargs, env={"PYTHONUNBUFFERED": "1"})
+    env = {"PYTHONUNBUFFERED": "1"}
+    session.run("python", "benchmarks/bench_core.py", *session.posargs, env=env)
+    session.run("python", "benchmarks/bench_checkpoint.py", *session.posargs, env=env)
 
 
 @nox.session(python=PYTHON, venv_backend="none")

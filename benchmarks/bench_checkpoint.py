@@ -3,7 +3,7 @@
 e. A 100 MB state dict saved by rank 0 with ``sgd.save_checkpoint`` until it is persisted
    (the call returns once the checkpoint directory is written, fsynced and renamed), against
    plain ``torch.save`` + fsync of the same dict to the same disk, alternating in the same
-   process; the ratio is the median of the per-pair ratios. Target: <= 1.5x.
+   process; the ratio is sgd's median over plain's best time (conservative). Target: <= 1.5x.
 f. SIGKILL of one worker until the training function runs again on all workers
    (new actors, new gloo process group, function restarted). Target: <= 5 s.
 
@@ -75,14 +75,17 @@ def bench_checkpoint(trainer: sgd.Trainer, mb: int, reps: int) -> dict:
         config={"mb": mb, "reps": reps, "disk": str(disk)},
         checkpoint_strategy=sgd.CheckpointStrategy(num_to_keep=1),
     )[0]
-    ratio = statistics.median(s / p for s, p in zip(sgd_times, plain))
+    # Conservative: sgd's typical time against plain's best. Plain fsync times swing widely
+    # on this disk (0.15-0.5 s for 100 MB), which would flatter a median-to-median ratio.
+    ratio = statistics.median(sgd_times) / min(plain)
     return {
         "case": f"e. checkpoint {mb} MB (rank 0 until persisted)",
         "sgd_s": sgd_times,
         "plain_torch_save_fsync_s": plain,
         "median": ratio,
         "unit": "x plain",
-        "spread": f"sgd {statistics.median(sgd_times):.3f} s vs plain {statistics.median(plain):.3f} s (medians)",
+        "spread": f"sgd median {statistics.median(sgd_times):.3f} s vs plain best {min(plain):.3f} s "
+        f"(plain {min(plain):.2f}-{max(plain):.2f})",
         "target": "<= 1.5x",
         "met": ratio <= 1.5,
     }

@@ -484,6 +484,7 @@ class TrainingIterator:
                         self._manager.register_written(Path(data[0].path), data[0].score_values,
                                                        self._delivered_iteration)
                     else:
+                        assert self._executor is not None
                         self._manager.register(self._executor.decode_checkpoint(data[0]), self._delivered_iteration)
                     continue
                 iteration = data[0].get("_training_iteration", 0)

@@ -150,7 +150,7 @@ class RunState:
             if i not in self._inflight.values():
                 self._inflight[self._workers[i]._sgd_poll.remote(POLL_BATCH)] = i
         timeout = self._drain_deadline - time.monotonic()
-        ready = []
+        ready: List[Any] = []
         if timeout > 0:
             ready, _ = ray.wait(list(self._inflight), num_returns=1, timeout=timeout)
         if not ready:
@@ -367,7 +367,9 @@ class BackendExecutor:
     def rank0_on_driver_node(self) -> bool:
         """Whether rank 0 shares the driver's node (and so its local disk)."""
         wg = self.worker_group
-        return bool(wg and wg.metadata) and wg.metadata[0].node_id == ray.get_runtime_context().get_node_id()
+        if wg is None or not wg.metadata:
+            return False
+        return bool(wg.metadata[0].node_id == ray.get_runtime_context().get_node_id())
 
     def decode_checkpoint(self, state: Any) -> Any:
         return self._backend.decode_checkpoint(state)
