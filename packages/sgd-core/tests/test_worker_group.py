@@ -139,3 +139,36 @@ def test_preload_modules_are_imported_in_the_background(ray_cluster):
         assert wg.execute(sgd.world_rank) == [0, 1]
     finally:
         wg.shutdown()
+
+
+def test_uses_an_enclosing_placement_group(ray_cluster):
+    """Inside a reservation made for it (as a Ray Tune trial makes), the group takes the
+    last bundles of that reservation instead of asking for a new one."""
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    pg = placement_group([{"CPU": 1}, {"CPU": 1}, {"CPU": 1}])
+    ray.get(pg.ready())
+
+    @ray.remote(num_cpus=1)
+    def trial():
+        import ray as r
+
+        wg = sgd.WorkerGroup(num_workers=2)
+        try:
+            ranks = wg.execute(sgd.world_rank)
+            current = r.util.get_current_placement_group()
+            inside = r.get(wg.workers[0]._sgd_execute.remote(
+                lambda: r.util.get_current_placement_group().id.hex(), (), {}))
+            return ranks, inside == current.id.hex()
+        finally:
+            wg.shutdown()
+
+    try:
+        ranks, same_pg = ray.get(trial.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
+            pg, placement_group_bundle_index=0, placement_group_capture_child_tasks=True)).remote(), timeout=60)
+        assert ranks == [0, 1] and same_pg
+        # The enclosing reservation is not removed by the group's shutdown.
+        assert ray.util.placement_group_table(pg)["state"] == "CREATED"
+    finally:
+        remove_placement_group(pg)

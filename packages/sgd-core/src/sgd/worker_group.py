@@ -93,6 +93,8 @@ class WorkerGroup:
         self._placement_timeout_s = placement_timeout_s
         self._preload_modules = tuple(preload_modules)
         self._pg: Optional[PlacementGroup] = None
+        self._owns_pg = True
+        self._bundle_offset = 0
         self.workers: List[Any] = []
         self.metadata: List[WorkerMetadata] = []
         self.contexts: List[WorkerContext] = []
@@ -124,9 +126,24 @@ class WorkerGroup:
         bundle = self.bundle
         if not bundle:
             raise ValueError("each worker must reserve some resource (CPU, GPU or a custom one)")
-        self._pg = placement_group([dict(bundle) for _ in range(self.num_workers)], strategy="PACK")
+        current = ray.util.get_current_placement_group()
+        if current is not None:
+            # Running inside a reservation made for us (a Ray Tune trial asks for one bundle
+            # for its own driver, then one per worker): use its last bundles, never nest.
+            specs = current.bundle_specs
+            if len(specs) < self.num_workers:
+                raise ValueError(
+                    f"the enclosing placement group has {len(specs)} bundles; {self.num_workers} workers "
+                    "need one each"
+                )
+            self._pg, self._owns_pg = current, False
+            self._bundle_offset = len(specs) - self.num_workers
+        else:
+            self._pg = placement_group([dict(bundle) for _ in range(self.num_workers)], strategy="PACK")
+            self._owns_pg, self._bundle_offset = True, 0
         try:
-            self._wait_for_placement(bundle)
+            if self._owns_pg:
+                self._wait_for_placement(bundle)
             self._start_actors()
         except BaseException:
             self._release()
@@ -163,7 +180,9 @@ class WorkerGroup:
                 num_cpus=self.num_cpus_per_worker,
                 num_gpus=self.num_gpus_per_worker,
                 resources=extra or None,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=i),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self._pg, placement_group_bundle_index=self._bundle_offset + i
+                ),
             ).remote(*self._actor_args, **self._actor_kwargs)
             for i in range(self.num_workers)
         ]
@@ -244,6 +263,8 @@ class WorkerGroup:
         self._start_actors()
 
     def _release(self) -> None:
+        if self._pg is not None and not self._owns_pg:
+            self._pg = None  # someone else's reservation: theirs to remove
         if self._pg is not None:
             try:
                 remove_placement_group(self._pg)
