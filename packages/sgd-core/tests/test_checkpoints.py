@@ -262,3 +262,29 @@ def test_results_and_status_persisted(trainer):
     with pytest.raises(ValueError):
         trainer.run(lambda: (_ for _ in ()).throw(ValueError("x")))
     assert json.loads((trainer.latest_run_dir / "status.json").read_text())["status"] == "ERRORED"
+
+
+@pytest.mark.parametrize("kind", ["memory", "file", "path"])
+def test_storage_path_mirrors_kept_checkpoints(ray_cluster, tmp_path, kind):
+    pytest.importorskip("pyarrow")
+    pytest.importorskip("fsspec")
+    base = {"memory": f"memory://sgd-{tmp_path.name}/exp", "file": f"file://{tmp_path}/remote",
+            "path": str(tmp_path / "plain")}[kind]
+    trainer = sgd.Trainer(backend=sgd.BackendConfig(), num_workers=2, logdir=tmp_path / "logs", storage_path=base)
+    trainer.start()
+    try:
+        trainer.run(_three_checkpoints, checkpoint_strategy=sgd.CheckpointStrategy(
+            num_to_keep=1, checkpoint_score_attribute="loss", checkpoint_score_order="min"))
+    finally:
+        trainer.shutdown()
+    root = trainer.storage_path + "/logs/run_001/checkpoints"
+    # Kept locally: 2 (best) and 3 (latest); the mirror holds the same, 1 was deleted there too.
+    assert sgd.Checkpoint.from_directory(root + "/checkpoint_000002").to_dict() == {"epoch": 2, "loss": 1}
+    assert sgd.Checkpoint.from_directory(root + "/checkpoint_000003").to_dict() == {"epoch": 3, "loss": 2}
+    with pytest.raises(FileNotFoundError):
+        sgd.Checkpoint.from_directory(root + "/checkpoint_000001").to_dict()
+
+
+def test_storage_path_with_unknown_scheme_fails_at_construction():
+    with pytest.raises(ValueError, match="no checkpoint storage for nosuch://"):
+        sgd.Trainer(backend=sgd.BackendConfig(), storage_path="nosuch://bucket")

@@ -88,6 +88,8 @@ class Trainer:
     :param resources_per_worker: Ray resources per worker; default ``{"CPU": 1, "GPU": int(use_gpu)}``.
     :param logdir: where runs are written (default ``~/sgd_results/train_<timestamp>``).
     :param max_retries: worker-group failures to recover from (``-1``: unlimited).
+    :param storage_path: also copy every kept checkpoint here (a local path or a storage URI
+        such as ``s3://bucket/prefix``), under ``<logdir name>/run_NNN/checkpoints/``.
     """
 
     def __init__(
@@ -98,6 +100,8 @@ class Trainer:
         resources_per_worker: Optional[Dict[str, float]] = None,
         logdir: Optional[Union[str, os.PathLike]] = None,
         max_retries: int = 3,
+        *,
+        storage_path: Optional[str] = None,
     ):
         self._min_workers, self._max_workers = _resolve_num_workers(num_workers)
         self._backend_config = _resolve_backend(backend)
@@ -107,6 +111,14 @@ class Trainer:
             raise ValueError(f"max_retries must be an int >= -1 (-1: unlimited), got {max_retries!r}")
         self.max_retries = max_retries
         self.logdir: Path = _resolve_logdir(logdir)
+        #: Where checkpoints are also copied: ``storage_path/<logdir name>/run_NNN/checkpoints/``.
+        self.storage_path = storage_path
+        if storage_path is not None:
+            from sgd._internal.storage import get_storage, is_uri
+
+            if not is_uri(storage_path):
+                self.storage_path = Path(storage_path).expanduser().resolve().as_uri()
+            get_storage(self.storage_path)  # fail now, with the install hint, not at the first checkpoint
         self._executor: Optional[BackendExecutor] = None
         self._latest_run_dir: Optional[Path] = None
         self._manager: Optional[CheckpointManager] = None
@@ -179,6 +191,7 @@ class Trainer:
             resources_per_worker=settings["resources_per_worker"],
             logdir=run.path.parent,
             max_retries=settings["max_retries"],
+            storage_path=settings.get("storage_path"),
         )
         trainer._resume_run = run
         return trainer
@@ -200,6 +213,7 @@ class Trainer:
             "use_gpu": self._use_gpu,
             "resources_per_worker": self._resources,
             "max_retries": self.max_retries,
+            "storage_path": self.storage_path,
         }
 
     def start(self, initialization_hook: Optional[Callable[[], Any]] = None) -> None:
@@ -235,6 +249,11 @@ class Trainer:
                 return run_dir
             except FileExistsError:
                 number += 1
+
+    def _mirror_for(self, run_dir: Path) -> Optional[str]:
+        if self.storage_path is None:
+            return None
+        return f"{self.storage_path.rstrip('/')}/{self.logdir.name}/{run_dir.name}/checkpoints"
 
     @staticmethod
     def _checkpoint_dict(checkpoint: Any) -> Optional[dict]:
@@ -274,14 +293,15 @@ class Trainer:
         resume, self._resume_run = self._resume_run, None
         if resume is not None:
             run = resume
-            self._manager = CheckpointManager(run.checkpoint_dir, strategy, codec, start_id=run.last_checkpoint_id())
+            self._manager = CheckpointManager(run.checkpoint_dir, strategy, codec, start_id=run.last_checkpoint_id(),
+                                              mirror=self._mirror_for(run.path))
             state, iteration = run.last_checkpoint()
             if state is not None:
                 initial = state
                 self._manager.latest_state, self._manager.latest_iteration = state, iteration
         else:
             run = RunDirectory.create(self._next_run_dir())
-            self._manager = CheckpointManager(run.checkpoint_dir, strategy, codec)
+            self._manager = CheckpointManager(run.checkpoint_dir, strategy, codec, mirror=self._mirror_for(run.path))
         run.write_settings(self._settings())
         self._latest_run_dir = run.path
         return TrainingIterator(self, fn, config or {}, all_callbacks, initial, dataset, run)

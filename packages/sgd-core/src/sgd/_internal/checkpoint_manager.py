@@ -47,10 +47,14 @@ class CheckpointManager:
     :param strategy: what to keep.
     :param codec: module that encodes dict checkpoints.
     :param start_id: the id of the last checkpoint already in ``checkpoint_dir`` (resume).
+    :param mirror: where each kept checkpoint is also copied (``s3://…``, any storage URI).
     """
 
-    def __init__(self, checkpoint_dir: Path, strategy: CheckpointStrategy, codec: str, start_id: int = 0):
+    def __init__(self, checkpoint_dir: Path, strategy: CheckpointStrategy, codec: str, start_id: int = 0,
+                 mirror: Optional[str] = None):
         self.checkpoint_dir = checkpoint_dir
+        #: A storage URI (or path) every kept checkpoint is copied to, through the storage hook.
+        self.mirror = mirror.rstrip("/") if mirror else None
         self.strategy = strategy
         self.codec = codec
         self.latest_id = start_id
@@ -89,6 +93,7 @@ class CheckpointManager:
             score, score_error = -math.inf, exc
         path = self._write(self.latest_id, state, score, iteration)
         self._kept.append(_Kept(self.latest_id, score, path))
+        self._upload(path)
         self._prune()
         if score_error is not None:
             raise score_error
@@ -112,6 +117,7 @@ class CheckpointManager:
             score, score_error = -math.inf, exc
         path = self._write(self.latest_id, None, score, iteration, written=tmp)
         self._kept.append(_Kept(self.latest_id, score, path))
+        self._upload(path)
         self._prune()
         if score_error is not None:
             raise score_error
@@ -165,6 +171,26 @@ class CheckpointManager:
             if c.checkpoint_id not in keep:
                 shutil.rmtree(c.path, ignore_errors=True)
                 self._kept.remove(c)
+                if self.mirror:
+                    self._mirror_storage().delete_dir(self.mirror_uri(c.path.name))
+
+    # --- mirror ----------------------------------------------------------------------
+
+    def mirror_uri(self, name: str) -> str:
+        assert self.mirror is not None
+        return f"{self.mirror}/{name}"
+
+    def _mirror_storage(self) -> Any:
+        from sgd._internal.storage import get_storage
+
+        assert self.mirror is not None
+        return get_storage(self.mirror)
+
+    def _upload(self, path: Path) -> None:
+        """Copy a finished checkpoint to the mirror (synchronously: when ``save_checkpoint``
+        returns, the copy is complete)."""
+        if self.mirror:
+            self._mirror_storage().upload_dir(str(path), self.mirror_uri(path.name))
 
     # --- reading ----------------------------------------------------------------
 
