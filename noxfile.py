@@ -18,7 +18,13 @@ nox.options.error_on_missing_interpreters = True
 PYTHON = "3.11"
 CONSTRAINTS = ("-c", "constraints.txt")
 PACKAGES = ["packages/sgd-core", "packages/sgd-torch", "packages/sgd-testing", "packages/sgd-loggers"]
-TEST_DEPS = ["pytest>=8", "pytest-timeout", "setuptools", "wheel", "numpy", "pyarrow", "fsspec"]
+TEST_DEPS = ["pytest>=8", "pytest-timeout", "setuptools", "wheel", "numpy", "pyarrow", "fsspec", "ray[data]"]
+# The test session also installs the packages with heavy optional parts, with those parts.
+TEST_PACKAGES = [
+    "packages/sgd-loggers[mlflow,wandb,tensorboard,plot]",
+    "packages/sgd-tune",
+    "packages/sgd-tensorflow[legacy-keras]",
+]
 
 
 def _install(session: nox.Session, *extra: str) -> None:
@@ -30,7 +36,7 @@ def _install(session: nox.Session, *extra: str) -> None:
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """The whole test suite: each package's tests and the end-to-end tests in tests/."""
-    _install(session, *TEST_DEPS, "-e", "packages/sgd-loggers[mlflow,wandb,tensorboard,plot]")
+    _install(session, *TEST_DEPS, *[arg for p in TEST_PACKAGES for arg in ("-e", p)])
     args = session.posargs or ["packages", "tests"]
     session.run("pytest", *args, env={"PYTHONUNBUFFERED": "1"})
 

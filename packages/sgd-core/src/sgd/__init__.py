@@ -7,6 +7,7 @@ from sgd._internal.backend_executor import TrainingFailedError, WorkerDiedError,
 from sgd.backend import Backend, BackendConfig, BackendSpec
 from sgd.callbacks import TrainingCallback
 from sgd.checkpoint import Checkpoint, CheckpointStrategy
+from sgd.data import DatasetConfig, cross_validation_folds
 from sgd.hookspecs import hookimpl
 from sgd.session import (
     get_context,
@@ -31,6 +32,7 @@ __all__ = [
     "BackendSpec",
     "Checkpoint",
     "CheckpointStrategy",
+    "DatasetConfig",
     "ResourcesUnavailableError",
     "Trainer",
     "TrainingCallback",
@@ -39,6 +41,7 @@ __all__ = [
     "WorkerDiedError",
     "WorkerError",
     "WorkerGroup",
+    "cross_validation_folds",
     "get_context",
     "get_dataset_shard",
     "hookimpl",

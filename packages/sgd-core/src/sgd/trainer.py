@@ -17,6 +17,7 @@ from sgd._internal.utils import wrap_train_func
 from sgd.backend import BackendConfig
 from sgd.callbacks import TrainingCallback
 from sgd.checkpoint import Checkpoint, CheckpointStrategy
+from sgd.data import DatasetConfig, shard_datasets
 from sgd.plugins import get_plugin_manager, resolve_backend
 from sgd.worker_group import WorkerGroup
 
@@ -276,8 +277,13 @@ class Trainer:
         checkpoint_strategy: Any = None,
         *,
         callbacks: Optional[Sequence[TrainingCallback]] = None,
+        dataset_config: Optional[Dict[str, DatasetConfig]] = None,
     ) -> TrainingIterator:
-        """Start ``train_func`` on every worker and return an iterator over report rounds."""
+        """Start ``train_func`` on every worker and return an iterator over report rounds.
+
+        ``dataset_config`` maps dataset names (``"default"`` for all, or for a single
+        dataset) to :class:`sgd.DatasetConfig` (split or whole, per-epoch shuffle).
+        """
         fn = wrap_train_func(train_func, config)
         if self._executor is None:
             raise RuntimeError("the trainer is not started; call trainer.start() before run()")
@@ -304,7 +310,11 @@ class Trainer:
             self._manager = CheckpointManager(run.checkpoint_dir, strategy, codec, mirror=self._mirror_for(run.path))
         run.write_settings(self._settings())
         self._latest_run_dir = run.path
-        return TrainingIterator(self, fn, config or {}, all_callbacks, initial, dataset, run)
+        if dataset_config is not None:
+            bad = [k for k, v in dataset_config.items() if not isinstance(v, DatasetConfig)]
+            if bad:
+                raise TypeError(f"dataset_config values must be sgd.DatasetConfig (wrong for {bad})")
+        return TrainingIterator(self, fn, config or {}, all_callbacks, initial, (dataset, dataset_config), run)
 
     def run(
         self,
@@ -314,6 +324,8 @@ class Trainer:
         dataset: Any = None,
         checkpoint: Any = None,
         checkpoint_strategy: Any = None,
+        *,
+        dataset_config: Optional[Dict[str, DatasetConfig]] = None,
     ) -> List[Any]:
         """Run ``train_func`` on every worker; its return values in world-rank order.
 
@@ -323,7 +335,7 @@ class Trainer:
         """
         iterator = self.run_iterator(
             train_func, config, dataset=dataset, checkpoint=checkpoint,
-            checkpoint_strategy=checkpoint_strategy, callbacks=callbacks,
+            checkpoint_strategy=checkpoint_strategy, callbacks=callbacks, dataset_config=dataset_config,
         )
         for _ in iterator:
             pass
@@ -378,22 +390,6 @@ class Trainer:
                 f"use_gpu={self._use_gpu}, resources_per_worker={self._resources})")
 
 
-def _shard_dataset(dataset: Any, n: int) -> Optional[List[Any]]:
-    """One item per worker: the shard of ``dataset`` (or dict of datasets) each worker gets."""
-    if dataset is None:
-        return None
-    if isinstance(dataset, dict):
-        per_name = {name: _split_one(ds, n) for name, ds in dataset.items()}
-        return [{name: shards[i] for name, shards in per_name.items()} for i in range(n)]
-    return _split_one(dataset, n)
-
-
-def _split_one(ds: Any, n: int) -> List[Any]:
-    if hasattr(ds, "streaming_split"):  # a Ray Dataset: each worker streams its own part
-        return list(ds.streaming_split(n, equal=True))
-    return [ds] * n
-
-
 class TrainingIterator:
     """Iterates over the report rounds of one run; each item is a list of per-worker dicts."""
 
@@ -404,7 +400,7 @@ class TrainingIterator:
         config: Dict[str, Any],
         callbacks: List[TrainingCallback],
         checkpoint: Optional[dict],
-        dataset: Any,
+        datasets: Tuple[Any, Optional[Dict[str, DatasetConfig]]],
         run_dir: RunDirectory,
     ):
         self._trainer = trainer
@@ -413,7 +409,7 @@ class TrainingIterator:
         self._manager = trainer._manager
         self._train_func = train_func
         self._initial_checkpoint = checkpoint
-        self._dataset = dataset
+        self._dataset, self._dataset_config = datasets
         self._shards: Dict[int, Optional[List[Any]]] = {}
         self._run_dir = run_dir
         self._delivered_iteration = run_dir.last_iteration()
@@ -444,8 +440,9 @@ class TrainingIterator:
         assert self._executor is not None and self._executor.worker_group is not None
         n = self._executor.num_workers
         if self._dataset is not None and n not in self._shards:
-            # Split once per group size: reused after restarts, re-cut when an elastic group resizes.
-            self._shards = {n: _shard_dataset(self._dataset, n)}
+            # Split once per start of the group (see _recover for why restarts split again).
+            hints = [m.node_id for m in self._executor.worker_group.metadata]
+            self._shards = {n: shard_datasets(self._dataset, n, self._dataset_config, hints)}
         shards = self._shards.get(n) if self._dataset is not None else None
         direct = None
         if self._manager.strategy.num_to_keep != 0 and self._executor.rank0_on_driver_node():
@@ -472,6 +469,9 @@ class TrainingIterator:
             try:
                 self._executor.restart(error)
                 self._manager.remove_temporary()  # the old workers are gone, mid-write or not
+                # Ray Data's streaming split counts a dead consumer that had reached its
+                # epoch barrier and cannot forget it: a restarted group needs a new split.
+                self._shards = {}
                 state = self._manager.latest()
                 if state is not None:
                     self._run = self._start(state, self._manager.latest_iteration)
