@@ -1,6 +1,5 @@
 """Trainer construction and argument checking: no workers are started here."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -113,9 +112,16 @@ def test_str_is_a_resource_table():
     assert "base" in text
 
 
-def test_to_tune_trainable_without_sgd_tune():
-    if importlib.util.find_spec("sgd_tune") is not None:
-        pytest.skip("sgd-tune is installed")
-    trainer = sgd.Trainer(backend=sgd.BackendConfig())
-    with pytest.raises(ImportError, match="sgd-tune"):
-        trainer.to_tune_trainable(lambda: None)
+def test_to_tune_trainable_without_sgd_tune(monkeypatch):
+    from sgd import plugins
+
+    # As if sgd-tune were not installed: no plugin answers the tune hook.
+    monkeypatch.setenv("SGD_DISABLE_PLUGIN_AUTOLOAD", "1")
+    plugins.reset()
+    try:
+        trainer = sgd.Trainer(backend=sgd.BackendConfig())
+        with pytest.raises(ImportError, match="sgd-tune"):
+            trainer.to_tune_trainable(lambda: None)
+    finally:
+        monkeypatch.delenv("SGD_DISABLE_PLUGIN_AUTOLOAD")
+        plugins.reset()

@@ -30,11 +30,16 @@ def test_loading_plugins_does_not_import_tune():
     assert out.stdout.strip() == "False"
 
 
+def _my_train(config):
+    return config
+
+
 def test_hook_answers_with_a_trainable_class():
     trainer = sgd.Trainer(backend="torch", num_workers=2, resources_per_worker={"CPU": 2, "accel": 0.5})
-    trainable = plugins.get_plugin_manager().hook.sgd_tune_trainable(trainer=trainer, train_func=print, dataset=None)
+    trainable = plugins.get_plugin_manager().hook.sgd_tune_trainable(
+        trainer=trainer, train_func=_my_train, dataset=None)
     assert issubclass(trainable, SgdTrainable)
-    assert trainable.__name__ == "sgd_print"
+    assert trainable.__name__ == "sgd_my_train"  # leading underscores dropped
     pgf = trainable.default_resource_request({})
     assert pgf.bundles == [{"CPU": 1}, {"CPU": 2, "accel": 0.5}, {"CPU": 2, "accel": 0.5}]
     assert trainer.resources_per_worker == {"CPU": 2, "GPU": 0, "accel": 0.5}  # unchanged

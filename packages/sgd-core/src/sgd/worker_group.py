@@ -186,10 +186,9 @@ class WorkerGroup:
             ).remote(*self._actor_args, **self._actor_kwargs)
             for i in range(self.num_workers)
         ]
-        if self._preload_modules:
-            for a in actors:  # fire and forget: overlaps the framework import with what follows
-                a._sgd_preload.remote(self._preload_modules)
         self.workers = actors
+        if self._preload_modules:
+            self.preload(self._preload_modules)  # overlaps the framework import with what follows
         timeout = self._placement_timeout_s or placement_timeout_s()
         try:
             # Bounded: a reservation on a lost node may never be honoured.
@@ -301,6 +300,16 @@ class WorkerGroup:
     def execute_single(self, index: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run ``fn(*args, **kwargs)`` on worker ``index`` and return its result."""
         return ray.get(self.execute_single_async(index, fn, *args, **kwargs))
+
+    def preload(self, modules: Tuple[str, ...]) -> None:
+        """Start importing ``modules`` on every worker in the background and return at once.
+
+        Code that needs them later waits on Python's import lock until they are in; an
+        import error is left for that code to report.
+        """
+        self._check_running()
+        for w in self.workers:
+            w._sgd_preload.remote(tuple(modules))
 
     def __len__(self) -> int:
         return len(self.workers)

@@ -95,14 +95,14 @@ class _TensorflowBackend(Backend):
     def on_start(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
         assert isinstance(backend_config, TensorflowConfig)
         # One port per worker, found on the worker's own node.
-        found = ray.get([w._sgd_execute.remote(_free_port, (), {}) for w in worker_group.workers])
+        found = ray.get([worker_group.execute_single_async(i, _free_port) for i in range(len(worker_group))])
         addresses = [f"{ip}:{port}" for ip, port in found]
         infos = ray.get(
             [
-                w._sgd_execute.remote(
-                    _set_env, (json.dumps(tf_config_for(addresses, i)), backend_config.use_legacy_keras), {}
+                worker_group.execute_single_async(
+                    i, _set_env, json.dumps(tf_config_for(addresses, i)), backend_config.use_legacy_keras
                 )
-                for i, w in enumerate(worker_group.workers)
+                for i in range(len(worker_group))
             ]
         )
         for rank, info in enumerate(infos):
@@ -120,8 +120,7 @@ class _TensorflowBackend(Backend):
                 )
         # The environment is in place: start importing TensorFlow now, in the background
         # (a control-group call), so the training function finds it (mostly) loaded.
-        for w in worker_group.workers:
-            w._sgd_preload.remote(("tensorflow",))
+        worker_group.preload(("tensorflow",))
 
     def on_shutdown(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
         """Nothing to release: TensorFlow's gRPC servers end with the worker processes."""

@@ -116,7 +116,7 @@ class _TorchBackend(Backend):
             init_method = f"tcp://{addr}:{port}"
         n = len(worker_group)
         refs = []
-        for rank, (worker, ctx) in enumerate(zip(worker_group.workers, worker_group.contexts)):
+        for rank, ctx in enumerate(worker_group.contexts):
             env = {
                 "MASTER_ADDR": addr,
                 "MASTER_PORT": str(port),
@@ -127,14 +127,14 @@ class _TorchBackend(Backend):
                 "NODE_RANK": str(ctx.node_rank),
                 "GROUP_RANK": str(ctx.node_rank),
             }
-            refs.append(worker._sgd_execute.remote(_set_env, (env,), {}))
+            refs.append(worker_group.execute_single_async(rank, _set_env, env))
         ray.get(refs)  # every worker has its env before any of them starts the rendezvous
         ray.get(
             [
-                worker._sgd_execute.remote(
-                    _init_process_group, (backend, init_method, rank, n, backend_config.timeout_s), {}
+                worker_group.execute_single_async(
+                    rank, _init_process_group, backend, init_method, rank, n, backend_config.timeout_s
                 )
-                for rank, worker in enumerate(worker_group.workers)
+                for rank in range(n)
             ]
         )
 
@@ -146,10 +146,10 @@ class _TorchBackend(Backend):
         for meta in worker_group.metadata:
             per_node.setdefault(meta.node_id, []).extend(meta.gpu_ids)
         refs = []
-        for worker, meta in zip(worker_group.workers, worker_group.metadata):
+        for rank, meta in enumerate(worker_group.metadata):
             ids = sorted(set(per_node[meta.node_id]), key=lambda g: (len(g), g))
             env = {"CUDA_VISIBLE_DEVICES": ",".join(ids), "SGD_OWN_GPU_IDS": ",".join(meta.gpu_ids)}
-            refs.append(worker._sgd_execute.remote(_set_env, (env,), {}))
+            refs.append(worker_group.execute_single_async(rank, _set_env, env))
         ray.get(refs)
 
     def on_shutdown(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:

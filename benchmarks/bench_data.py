@@ -1,0 +1,124 @@
+"""Ray Data into the training loop (`nox -s bench`).
+
+g. Rows/s and MB/s through ``sgd.get_dataset_shard().iter_torch_batches`` on 2 workers (the
+   dataset streamed and split across them), against Ray Data's own ``iter_torch_batches`` over
+   the same dataset in one process. Target: >= 0.9x.
+
+Writes benchmarks/results/data.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import ray
+import torch
+
+import sgd
+
+RESULTS = Path(__file__).parent / "results"
+ROW_BYTES = 256 * 4  # one float32 vector of 256 per row
+
+
+def _dataset(rows: int):
+    import ray.data
+
+    return ray.data.range_tensor(rows, shape=(256,), override_num_blocks=16).map_batches(
+        lambda b: {"data": b["data"].astype("float32")}, batch_format="numpy"
+    )
+
+
+def _consume(shard, batch_size: int) -> int:
+    n = 0
+    for batch in shard.iter_torch_batches(batch_size=batch_size):
+        n += len(batch["data"])
+    return n
+
+
+def _single(rows: int, batch_size: int) -> float:
+    ds = _dataset(rows)
+    t = time.perf_counter()
+    n = _consume(ds, batch_size)
+    assert n == rows, n
+    return rows / (time.perf_counter() - t)
+
+
+def _train_func(config):
+    import time
+
+    shard = sgd.get_dataset_shard()
+    t = time.perf_counter()
+    n = _consume(shard, config["batch_size"])
+    return n, time.perf_counter() - t, time.time()
+
+
+def _sgd(trainer: sgd.Trainer, rows: int, batch_size: int) -> float:
+    out = trainer.run(_train_func, config={"batch_size": batch_size}, dataset=_dataset(rows))
+    assert sum(n for n, _, _ in out) == rows, out
+    return rows / max(seconds for _, seconds, _ in out)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    args = parser.parse_args()
+    reps, rows, batch_size = (3, 100_000, 512) if args.quick else (5, 200_000, 512)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+    trainer = sgd.Trainer(backend="torch", num_workers=2)
+    trainer.start()
+    single, split = [], []
+    try:
+        _single(rows // 10, batch_size)  # warm both paths up
+        _sgd(trainer, rows // 10, batch_size)
+        for _ in range(reps):  # alternate so both see the same machine load
+            single.append(_single(rows, batch_size))
+            split.append(_sgd(trainer, rows, batch_size))
+    finally:
+        trainer.shutdown()
+        ray.shutdown()
+    ratio = statistics.median(split) / statistics.median(single)
+    case = {
+        "case": "g. Ray Data rows/s into the loop, 2 workers vs Ray Data alone",
+        "sgd_rows_per_s": split,
+        "ray_data_rows_per_s": single,
+        "median": ratio,
+        "unit": "x",
+        "spread": f"sgd {statistics.median(split):,.0f} rows/s ({statistics.median(split) * ROW_BYTES / 1e6:.0f} MB/s) "
+        f"vs Ray Data {statistics.median(single):,.0f} rows/s ({statistics.median(single) * ROW_BYTES / 1e6:.0f} MB/s)",
+        "target": ">= 0.9x",
+        "met": ratio >= 0.9,
+    }
+    RESULTS.mkdir(exist_ok=True)
+    meta = {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "ray": ray.__version__,
+        "torch": torch.__version__,
+        "rows": rows,
+        "batch_size": batch_size,
+        "quick": args.quick,
+    }
+    (RESULTS / "data.json").write_text(json.dumps({"machine": meta, "cases": [case]}, indent=2))
+    table = "\n".join([
+        f"sgd Ray Data benchmark, {meta['date']}: {meta['cpus']} CPUs, Ray {meta['ray']}, {rows:,} rows of 1 KiB, "
+        f"batch {batch_size}",
+        "",
+        "| case | median | spread | target | met? |",
+        "|---|---|---|---|---|",
+        f"| {case['case']} | {ratio:.2f}x | {case['spread']} | {case['target']} | {'yes' if case['met'] else 'NO'} |",
+    ]) + "\n"
+    (RESULTS / "data.md").write_text(table)
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
