@@ -58,12 +58,14 @@ def demo(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
-    """Benchmarks: core overhead, checkpoints and recovery; JSON and markdown tables in
+    """Benchmarks: core overhead, checkpoints and recovery, Ray Data; JSON and markdown tables in
     benchmarks/results/. ``nox -s bench -- --quick`` runs fewer repetitions."""
     _install(session)
     env = {"PYTHONUNBUFFERED": "1"}
     session.run("python", "benchmarks/bench_core.py", *session.posargs, env=env)
     session.run("python", "benchmarks/bench_checkpoint.py", *session.posargs, env=env)
+    session.install(*CONSTRAINTS, "ray[data]")
+    session.run("python", "benchmarks/bench_data.py", *session.posargs, env=env)
 
 
 @nox.session(python=PYTHON, venv_backend="none")
