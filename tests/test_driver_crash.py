@@ -13,7 +13,7 @@ import sgd
 from sgd_testing import wait_for
 
 TRAIN_FUNC = '''
-import os, time
+import os, threading
 import sgd
 
 def deterministic(config):
@@ -21,8 +21,7 @@ def deterministic(config):
     step, w = state["step"], state["w"]
     while step < config["steps"]:
         if step == config.get("block_at"):
-            while True:  # the workload hangs here until its driver is killed
-                time.sleep(0.05)
+            threading.Event().wait()  # the workload hangs here until its driver is killed
         w = (3 * w + 1) % 1_000_000_007
         step += 1
         sgd.report(step=step, w=w)
