@@ -113,13 +113,13 @@ class Trainer:
         self.max_retries = max_retries
         self.logdir: Path = _resolve_logdir(logdir)
         #: Where checkpoints are also copied: ``storage_path/<logdir name>/run_NNN/checkpoints/``.
-        self.storage_path = storage_path
+        self.storage_path: Optional[str] = None
         if storage_path is not None:
             from sgd._internal.storage import get_storage, is_uri
 
-            if not is_uri(storage_path):
-                self.storage_path = Path(storage_path).expanduser().resolve().as_uri()
-            get_storage(self.storage_path)  # fail now, with the install hint, not at the first checkpoint
+            uri = storage_path if is_uri(storage_path) else Path(storage_path).expanduser().resolve().as_uri()
+            get_storage(uri)  # fail now, with the install hint, not at the first checkpoint
+            self.storage_path = uri
         self._executor: Optional[BackendExecutor] = None
         self._latest_run_dir: Optional[Path] = None
         self._manager: Optional[CheckpointManager] = None

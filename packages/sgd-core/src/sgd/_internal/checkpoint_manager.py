@@ -86,18 +86,7 @@ class CheckpointManager:
         self.latest_iteration = iteration
         if self.strategy.num_to_keep == 0:
             return None
-        score_error: Optional[ValueError] = None
-        try:
-            score = self._score(state)
-        except ValueError as exc:
-            score, score_error = -math.inf, exc
-        path = self._write(self.latest_id, state, score, iteration)
-        self._kept.append(_Kept(self.latest_id, score, path))
-        self._upload(path)
-        self._prune()
-        if score_error is not None:
-            raise score_error
-        return path
+        return self._persist(state, state, iteration)
 
     def _score(self, state: Dict[str, Any]) -> float:
         if self.strategy.checkpoint_score_attribute == "_timestamp" and "_timestamp" not in state:
@@ -110,12 +99,18 @@ class CheckpointManager:
         self.latest_id += 1
         self.latest_state = None  # loaded from disk if asked for
         self.latest_iteration = iteration
+        return self._persist(None, score_values, iteration, written=tmp)
+
+    def _persist(self, state: Optional[Dict[str, Any]], score_values: Dict[str, Any], iteration: int,
+                 written: Optional[Path] = None) -> Path:
+        """Score, write (or finish ``written``), keep, mirror and prune the latest checkpoint.
+        A bad score attribute is raised only after the checkpoint is safely written."""
         score_error: Optional[ValueError] = None
         try:
             score = self._score(score_values)
         except ValueError as exc:
             score, score_error = -math.inf, exc
-        path = self._write(self.latest_id, None, score, iteration, written=tmp)
+        path = self._write(self.latest_id, state, score, iteration, written=written)
         self._kept.append(_Kept(self.latest_id, score, path))
         self._upload(path)
         self._prune()
