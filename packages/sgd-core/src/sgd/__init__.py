@@ -4,7 +4,7 @@ Re-exports only; see the modules for the code.
 """
 
 from sgd._internal.backend_executor import TrainingFailedError, WorkerDiedError, WorkerError
-from sgd.backend import Backend, BackendConfig, BackendSpec
+from sgd.backend import Backend, BackendConfig, BackendSpec, free_address
 from sgd.callbacks import TrainingCallback
 from sgd.checkpoint import Checkpoint, CheckpointStrategy
 from sgd.data import DatasetConfig, cross_validation_folds
@@ -42,6 +42,7 @@ __all__ = [
     "WorkerError",
     "WorkerGroup",
     "cross_validation_folds",
+    "free_address",
     "get_context",
     "get_dataset_shard",
     "hookimpl",

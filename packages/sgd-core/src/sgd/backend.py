@@ -9,7 +9,7 @@ configures) whose :attr:`~BackendConfig.backend_cls` names a :class:`Backend`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional, Type
+from typing import TYPE_CHECKING, Any, Optional, Tuple, Type
 
 if TYPE_CHECKING:
     from sgd.worker_group import WorkerGroup
@@ -65,6 +65,18 @@ class Backend:
     def decode_checkpoint(state: Any) -> Any:
         """Undo :meth:`encode_checkpoint` on the driver."""
         return state
+
+
+def free_address() -> Tuple[str, int]:
+    """``(node IP, free TCP port)`` of the process it runs in: run it on a worker
+    (``worker_group.execute_single(rank, free_address)``) to find a rendezvous address."""
+    import socket
+
+    import ray
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return ray.util.get_node_ip_address(), s.getsockname()[1]
 
 
 @dataclass

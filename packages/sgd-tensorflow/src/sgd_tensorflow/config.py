@@ -13,14 +13,13 @@ import importlib.util
 import json
 import logging
 import os
-import socket
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 import ray
 
-from sgd.backend import Backend, BackendConfig
+from sgd.backend import Backend, BackendConfig, free_address
 from sgd_tensorflow.codec import KerasModelState, is_keras_model
 
 if TYPE_CHECKING:
@@ -59,12 +58,6 @@ class TensorflowConfig(BackendConfig):
 # --- functions run on the workers ------------------------------------------------
 
 
-def _free_port() -> Tuple[str, int]:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return ray.util.get_node_ip_address(), s.getsockname()[1]
-
-
 def _set_env(tf_config: str, use_legacy_keras: Optional[bool]) -> Dict[str, Any]:
     """Write ``TF_CONFIG`` and the Keras choice; report what this worker has."""
     has_tf_keras = importlib.util.find_spec("tf_keras") is not None
@@ -95,7 +88,7 @@ class _TensorflowBackend(Backend):
     def on_start(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
         assert isinstance(backend_config, TensorflowConfig)
         # One port per worker, found on the worker's own node.
-        found = ray.get([worker_group.execute_single_async(i, _free_port) for i in range(len(worker_group))])
+        found = ray.get([worker_group.execute_single_async(i, free_address) for i in range(len(worker_group))])
         addresses = [f"{ip}:{port}" for ip, port in found]
         infos = ray.get(
             [

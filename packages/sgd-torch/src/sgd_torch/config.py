@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
@@ -16,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 import ray
 
-from sgd.backend import Backend, BackendConfig
+from sgd.backend import Backend, BackendConfig, free_address
 
 if TYPE_CHECKING:
     from sgd.worker_group import WorkerGroup
@@ -61,12 +60,6 @@ class TorchConfig(BackendConfig):
 # --- functions run on the workers ------------------------------------------------
 
 
-def _free_port() -> tuple[str, int]:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return ray.util.get_node_ip_address(), s.getsockname()[1]
-
-
 def _set_env(env: Dict[str, str]) -> None:
     os.environ.update(env)
 
@@ -109,7 +102,7 @@ class _TorchBackend(Backend):
         backend = backend_config.backend or ("nccl" if use_gpu else "gloo")
         if use_gpu:
             self._share_cuda_devices(worker_group)
-        addr, port = worker_group.execute_single(0, _free_port)
+        addr, port = worker_group.execute_single(0, free_address)
         if backend_config.init_method == "env":
             init_method = "env://"
         else:
