@@ -13,9 +13,7 @@ Writes benchmarks/results/checkpoint.json and .md.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import signal
 import statistics
 import sys
@@ -25,10 +23,10 @@ from pathlib import Path
 
 import ray
 import torch
+from _results import machine, write
 
 import sgd
 
-RESULTS = Path(__file__).parent / "results"
 MB = 1024 * 1024
 
 
@@ -153,29 +151,10 @@ def main() -> int:
     finally:
         trainer.shutdown()
         ray.shutdown()
-    RESULTS.mkdir(exist_ok=True)
-    meta = {
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "ray": ray.__version__,
-        "torch": torch.__version__,
-        "quick": args.quick,
-    }
-    (RESULTS / "checkpoint.json").write_text(json.dumps({"machine": meta, "cases": cases}, indent=2))
-    lines = [
-        f"sgd checkpoint benchmarks, {meta['date']}: {meta['cpus']} CPUs, Python {meta['python']}, "
-        f"Ray {meta['ray']}, torch {meta['torch']}, 2 workers (gloo)",
-        "",
-        "| case | median | spread | target | met? |",
-        "|---|---|---|---|---|",
-    ]
-    for c in cases:
-        value = f"{c['median']:.2f} {c['unit']}"
-        lines.append(f"| {c['case']} | {value} | {c['spread']} | {c['target']} | {'yes' if c['met'] else 'NO'} |")
-    table = "\n".join(lines) + "\n"
-    (RESULTS / "checkpoint.md").write_text(table)
-    print(table)
+    meta = machine(quick=args.quick)
+    title = (f"sgd checkpoint benchmarks, {meta['date']}: {meta['cpus']} CPUs, Python {meta['python']}, "
+             f"Ray {meta['ray']}, torch {meta['torch']}, 2 workers (gloo)")
+    print(write("checkpoint", title, meta, cases))
     return 0
 
 

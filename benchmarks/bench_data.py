@@ -10,20 +10,15 @@ Writes benchmarks/results/data.json and .md.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import ray
-import torch
+from _results import machine, write
 
 import sgd
 
-RESULTS = Path(__file__).parent / "results"
 ROW_BYTES = 256 * 4  # one float32 vector of 256 per row
 
 
@@ -95,28 +90,10 @@ def main() -> int:
         "target": ">= 0.9x",
         "met": ratio >= 0.9,
     }
-    RESULTS.mkdir(exist_ok=True)
-    meta = {
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "ray": ray.__version__,
-        "torch": torch.__version__,
-        "rows": rows,
-        "batch_size": batch_size,
-        "quick": args.quick,
-    }
-    (RESULTS / "data.json").write_text(json.dumps({"machine": meta, "cases": [case]}, indent=2))
-    table = "\n".join([
-        f"sgd Ray Data benchmark, {meta['date']}: {meta['cpus']} CPUs, Ray {meta['ray']}, {rows:,} rows of 1 KiB, "
-        f"batch {batch_size}",
-        "",
-        "| case | median | spread | target | met? |",
-        "|---|---|---|---|---|",
-        f"| {case['case']} | {ratio:.2f}x | {case['spread']} | {case['target']} | {'yes' if case['met'] else 'NO'} |",
-    ]) + "\n"
-    (RESULTS / "data.md").write_text(table)
-    print(table)
+    meta = machine(rows=rows, batch_size=batch_size, quick=args.quick)
+    title = (f"sgd Ray Data benchmark, {meta['date']}: {meta['cpus']} CPUs, Ray {meta['ray']}, {rows:,} rows of "
+             f"1 KiB, batch {batch_size}")
+    print(write("data", title, meta, [case]))
     return 0
 
 

@@ -207,10 +207,6 @@ class CheckpointManager:
         return max(self._kept, key=lambda c: (c.score, c.checkpoint_id)).path
 
     @property
-    def latest_path(self) -> Optional[Path]:
-        return max(self._kept, key=lambda c: c.checkpoint_id).path if self._kept else None
-
-    @property
     def kept_ids(self) -> List[int]:
         return sorted(c.checkpoint_id for c in self._kept)
 

@@ -182,7 +182,7 @@ class Session:
     def _autofill(self, metrics: Dict[str, Any]) -> Dict[str, Any]:
         now = time.time()
         self._iteration += 1
-        out = self._encode(dict(metrics))
+        out = self._encode(metrics)  # sgd.report hands over a dict of its own: no copy
         out["_timestamp"] = int(now)
         out["_time_this_iter_s"] = now - self._last_report_time
         out["_training_iteration"] = self._iteration
