@@ -17,9 +17,19 @@ def test_unknown_backend_lists_installed_and_names_package():
     assert "sgd-jax" in msg
 
 
-def test_known_backend_name_points_to_its_package():
-    with pytest.raises(ValueError, match="sgd-horovod"):
-        sgd.Trainer(backend="horovod")
+def test_known_backend_name_points_to_its_package(monkeypatch):
+    from sgd import plugins
+
+    # As if no backend package were installed.
+    monkeypatch.setenv("SGD_DISABLE_PLUGIN_AUTOLOAD", "1")
+    plugins.reset()
+    try:
+        for name in ("torch", "tensorflow", "horovod"):
+            with pytest.raises(ValueError, match=f"sgd-{name}"):
+                sgd.Trainer(backend=name)
+    finally:
+        monkeypatch.delenv("SGD_DISABLE_PLUGIN_AUTOLOAD")
+        plugins.reset()
 
 
 @pytest.mark.parametrize("backend", [1, None, ["torch"], object()])

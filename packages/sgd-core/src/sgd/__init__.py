@@ -4,12 +4,14 @@ Re-exports only; see the modules for the code.
 """
 
 from sgd._internal.backend_executor import TrainingFailedError, WorkerDiedError, WorkerError
+from sgd.air import CheckpointConfig, DataParallelTrainer, FailureConfig, Result, RunConfig, ScalingConfig
 from sgd.backend import Backend, BackendConfig, BackendSpec, free_address
 from sgd.callbacks import TrainingCallback
 from sgd.checkpoint import Checkpoint, CheckpointStrategy
 from sgd.data import DatasetConfig, cross_validation_folds
 from sgd.hookspecs import hookimpl
 from sgd.session import (
+    get_checkpoint,
     get_context,
     get_dataset_shard,
     load_checkpoint,
@@ -31,7 +33,13 @@ __all__ = [
     "BackendConfig",
     "BackendSpec",
     "Checkpoint",
+    "CheckpointConfig",
     "CheckpointStrategy",
+    "DataParallelTrainer",
+    "FailureConfig",
+    "Result",
+    "RunConfig",
+    "ScalingConfig",
     "DatasetConfig",
     "ResourcesUnavailableError",
     "Trainer",
@@ -43,6 +51,7 @@ __all__ = [
     "WorkerGroup",
     "cross_validation_folds",
     "free_address",
+    "get_checkpoint",
     "get_context",
     "get_dataset_shard",
     "hookimpl",

@@ -185,15 +185,38 @@ def write_dict_dir(data: Dict[str, Any], directory: Path, codec: str = DEFAULT_C
         os.fsync(f.fileno())
 
 
+def write_directory_metadata(directory: Path, extra_meta: Optional[Dict[str, Any]] = None) -> None:
+    """Mark ``directory`` as a directory checkpoint (its files are the checkpoint, as they are)."""
+    with open(directory / METADATA_FILE, "w") as f:
+        json.dump({"format": "directory", **(extra_meta or {})}, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def write_files(files: Dict[str, bytes], directory: Path, overwrite: bool = True) -> None:
+    """Write ``{relative_path: bytes}`` under ``directory`` (fsynced)."""
+    for rel, content in files.items():
+        target = directory / rel
+        if not target.resolve().is_relative_to(directory.resolve()):
+            raise ValueError(f"checkpoint file {rel!r} would be written outside {directory}")
+        if not overwrite and target.exists():
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open(target, "wb") as f:
+            f.write(content)
+            f.flush()
+            os.fsync(f.fileno())
+
+
 def _read_dict(directory: Path) -> Dict[str, Any]:
     meta_file = directory / METADATA_FILE
-    if meta_file.exists():
-        meta = json.loads(meta_file.read_text())
+    meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
+    if meta.get("format") == "dict":
         mod = _codec(meta["codec"])
         with open(directory / meta["state_file"], "rb") as f:
             return mod.load(f)
     files = {}
     for p in sorted(directory.rglob("*")):
-        if p.is_file():
+        if p.is_file() and p.name != METADATA_FILE:
             files[str(p.relative_to(directory))] = p.read_bytes()
     return {"_directory_files": files}

@@ -201,10 +201,13 @@ def sgd_tune_trainable(trainer: Trainer, train_func: Any, dataset: Any) -> Optio
     """Turn ``trainer`` and ``train_func`` into a Ray Tune trainable.
 
     Stops at the first non-None result. Provided by ``sgd-tune``; when no
-    plugin answers, ``Trainer.to_tune_trainable`` raises ``ImportError`` naming
-    that package.
+    plugin answers, ``Trainer.to_tune_trainable`` (and ``DataParallelTrainer.as_trainable``)
+    raise ``ImportError`` naming that package.
 
-    :param trainer: the (not started) trainer whose settings each trial copies.
+    :param trainer: the (not started) :class:`sgd.Trainer` whose settings each trial copies,
+        or an AIR-style :class:`sgd.DataParallelTrainer` (then ``train_func`` and ``dataset``
+        are ``None``: the trainer holds them, and the answer is a function trainable that
+        Tune calls with the trial's config, with its placement group in ``_resources``).
     :param train_func: the user's training function.
     :param dataset: the dataset(s) to shard across each trial's workers, or ``None``.
     :returns: a Tune trainable class, or ``None``.

@@ -19,6 +19,7 @@ __all__ = [
     "report",
     "save_checkpoint",
     "load_checkpoint",
+    "get_checkpoint",
     "world_rank",
     "local_rank",
     "world_size",
@@ -52,17 +53,43 @@ def _context() -> WorkerContext:
     return context
 
 
-def report(metrics: Optional[Dict[str, Any]] = None, /, **kwargs: Any) -> None:
+def report(metrics: Optional[Dict[str, Any]] = None, /, *, checkpoint: Any = None, **kwargs: Any) -> None:
     """Report metrics from this worker: ``sgd.report(loss=0.1)`` or ``sgd.report({"loss": 0.1})``.
 
     Every worker must report the same number of times. The worker may run ahead
     of the driver by a bounded number of reports (``SGD_MAX_PENDING_RESULTS``,
     default 1024) before this call blocks.
+
+    :param checkpoint: an :class:`sgd.Checkpoint` that goes with these metrics (the
+        AIR-style API: ``sgd.report(metrics, checkpoint=Checkpoint.from_directory(d))``).
+        Its content is taken before ``report`` returns, so ``d`` may be deleted right
+        after; the call returns once the driver has persisted it. Ranks that pass
+        ``None`` add nothing; several ranks' directories are merged (lowest rank wins
+        on a name clash), the metrics of the lowest rank that passed one score it.
     """
     if metrics is not None and not isinstance(metrics, dict):
         raise TypeError(f"sgd.report() takes a dict or keyword arguments, not {type(metrics).__name__}")
+    from sgd.checkpoint import Checkpoint
+
+    if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
+        if metrics is not None:
+            raise TypeError(f"sgd.report(checkpoint=...) takes an sgd.Checkpoint, got {type(checkpoint).__name__}")
+        # ``sgd.report(checkpoint=3)``: keyword style, a metric that happens to be called so.
+        kwargs["checkpoint"], checkpoint = checkpoint, None
     data = {**metrics, **kwargs} if metrics else kwargs
-    _session("report").report(data)
+    _session("report").report(data, checkpoint)
+
+
+def get_checkpoint() -> Any:
+    """The checkpoint to resume from, as an :class:`sgd.Checkpoint`, or ``None``.
+
+    The latest checkpoint of this run (``sgd.report(..., checkpoint=)`` or
+    ``sgd.save_checkpoint``), else the one the run was started from
+    (``resume_from_checkpoint=``, ``Trainer.run(checkpoint=)``, a restart after a failure).
+    A directory checkpoint is a local directory on this worker; a dict one gives its
+    dict with ``to_dict()``.
+    """
+    return _session("get_checkpoint").get_checkpoint()
 
 
 def save_checkpoint(**state: Any) -> None:

@@ -6,13 +6,14 @@ import datetime
 import logging
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from sgd._internal.backend_executor import BackendExecutor, RunState, TrainingFailedError, WorkerDiedError
 from sgd._internal.checkpoint_manager import CheckpointManager
 from sgd._internal.run_dir import RunDirectory
-from sgd._internal.session import CHECKPOINT, DirectCheckpoint, DirectWrite
+from sgd._internal.session import CHECKPOINT, CHECKPOINT_KEY, DirectCheckpoint, DirectWrite
 from sgd._internal.utils import wrap_train_func
 from sgd.backend import BackendConfig
 from sgd.callbacks import TrainingCallback
@@ -91,6 +92,8 @@ class Trainer:
     :param max_retries: worker-group failures to recover from (``-1``: unlimited).
     :param storage_path: also copy every kept checkpoint here (a local path or a storage URI
         such as ``s3://bucket/prefix``), under ``<logdir name>/run_NNN/checkpoints/``.
+    :param placement_strategy: how the workers' placement group spreads them over nodes
+        (``"PACK"``, ``"SPREAD"``, ``"STRICT_PACK"``, ``"STRICT_SPREAD"``).
     """
 
     def __init__(
@@ -103,8 +106,15 @@ class Trainer:
         max_retries: int = 3,
         *,
         storage_path: Optional[str] = None,
+        placement_strategy: str = "PACK",
     ):
         self._min_workers, self._max_workers = _resolve_num_workers(num_workers)
+        from sgd.worker_group import PLACEMENT_STRATEGIES
+
+        if placement_strategy not in PLACEMENT_STRATEGIES:
+            raise ValueError(f"placement_strategy must be one of {', '.join(PLACEMENT_STRATEGIES)}, "
+                             f"got {placement_strategy!r}")
+        self.placement_strategy = placement_strategy
         self._backend_config = _resolve_backend(backend)
         self._use_gpu = bool(use_gpu)
         self._resources = _resolve_resources(self._use_gpu, resources_per_worker)
@@ -193,6 +203,7 @@ class Trainer:
             logdir=run.path.parent,
             max_retries=settings["max_retries"],
             storage_path=settings.get("storage_path"),
+            placement_strategy=settings.get("placement_strategy", "PACK"),
         )
         trainer._resume_run = run
         return trainer
@@ -201,7 +212,7 @@ class Trainer:
 
     def _make_executor(self) -> BackendExecutor:
         return BackendExecutor(self._backend_config, self._max_workers, self._resources,
-                               min_workers=self._min_workers)
+                               min_workers=self._min_workers, placement_strategy=self.placement_strategy)
 
     def _settings(self) -> Dict[str, Any]:
         import dataclasses
@@ -215,6 +226,7 @@ class Trainer:
             "resources_per_worker": self._resources,
             "max_retries": self.max_retries,
             "storage_path": self.storage_path,
+            "placement_strategy": self.placement_strategy,
         }
 
     def start(self, initialization_hook: Optional[Callable[[], Any]] = None) -> None:
@@ -507,11 +519,20 @@ class TrainingIterator:
                         assert self._executor is not None
                         self._manager.register(self._executor.decode_checkpoint(data[0]), self._delivered_iteration)
                     continue
+                payloads = [d.pop(CHECKPOINT_KEY, None) for d in data]
                 iteration = data[0].get("_training_iteration", 0)
                 if iteration <= self._delivered_iteration:
+                    self._discard(payloads)
                     continue  # replayed after a restart: callbacks already have it
                 self._delivered_iteration = iteration
                 self._run_dir.append_results(data)
+                if any(p is not None for p in payloads):
+                    # After the results line: a driver that dies in between resumes from an
+                    # older checkpoint and replays (de-duplicated), never skips, this round.
+                    assert self._executor is not None
+                    first = next(i for i, p in enumerate(payloads) if p is not None)
+                    self._manager.register_reported(payloads, data[first], iteration,
+                                                    decode=self._executor.decode_checkpoint)
                 self._hook.sgd_handle_result(results=data, run_info=self._run_info)
                 for cb in self._callbacks:
                     cb.handle_result(data)
@@ -521,6 +542,12 @@ class TrainingIterator:
         except BaseException as exc:
             self._finish(error=True, exc=exc)
             raise
+
+    @staticmethod
+    def _discard(payloads: List[Any]) -> None:
+        for p in payloads:
+            if isinstance(p, DirectCheckpoint):
+                shutil.rmtree(p.path, ignore_errors=True)
 
     def _finish(self, error: bool, exc: Optional[BaseException] = None) -> None:
         if self._finished:

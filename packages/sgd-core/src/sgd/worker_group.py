@@ -22,6 +22,8 @@ from sgd._internal.worker import WorkerMetadata, remote_worker_class
 
 logger = logging.getLogger("sgd")
 
+#: Ray placement-group strategies a worker group may use.
+PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
 
 def placement_timeout_s() -> float:
@@ -69,6 +71,7 @@ class WorkerGroup:
         *,
         placement_timeout_s: Optional[float] = None,
         preload_modules: Tuple[str, ...] = (),
+        placement_strategy: str = "PACK",
     ):
         if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers <= 0:
             raise ValueError(f"num_workers must be a positive int, got {num_workers!r}")
@@ -83,6 +86,10 @@ class WorkerGroup:
                 raise ValueError(f"additional_resources_per_worker[{key!r}] must be >= 0, got {value}")
         if actor_cls is None and (actor_cls_args or actor_cls_kwargs):
             raise ValueError("actor_cls_args / actor_cls_kwargs were given without actor_cls")
+        if placement_strategy not in PLACEMENT_STRATEGIES:
+            raise ValueError(f"placement_strategy must be one of {', '.join(PLACEMENT_STRATEGIES)}, "
+                             f"got {placement_strategy!r}")
+        self.placement_strategy = placement_strategy
         self.num_workers = num_workers
         self.num_cpus_per_worker = num_cpus_per_worker
         self.num_gpus_per_worker = num_gpus_per_worker
@@ -139,7 +146,8 @@ class WorkerGroup:
             self._pg, self._owns_pg = current, False
             self._bundle_offset = len(specs) - self.num_workers
         else:
-            self._pg = placement_group([dict(bundle) for _ in range(self.num_workers)], strategy="PACK")
+            self._pg = placement_group([dict(bundle) for _ in range(self.num_workers)],
+                                       strategy=self.placement_strategy)
             self._owns_pg, self._bundle_offset = True, 0
         try:
             if self._owns_pg:

@@ -6,6 +6,7 @@
 from typing import Any
 
 from sgd_torch.config import TorchConfig
+from sgd_torch.trainer import TorchTrainer
 
 _LAZY = {
     "accelerate",
@@ -18,7 +19,7 @@ _LAZY = {
 }
 
 __version__ = "0.1.0"
-__all__ = ["TorchConfig", *sorted(_LAZY)]
+__all__ = ["TorchConfig", "TorchTrainer", *sorted(_LAZY)]
 
 
 def __getattr__(name: str) -> Any:

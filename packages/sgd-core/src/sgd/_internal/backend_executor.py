@@ -227,8 +227,10 @@ class BackendExecutor:
         resources_per_worker: Dict[str, float],
         max_pending: int = DEFAULT_MAX_PENDING,
         min_workers: Optional[int] = None,
+        placement_strategy: str = "PACK",
     ):
         self.backend_config = backend_config
+        self.placement_strategy = placement_strategy
         self.max_workers = num_workers
         self.min_workers = num_workers if min_workers is None else min_workers
         self.num_workers = num_workers
@@ -281,6 +283,7 @@ class BackendExecutor:
             actor_cls_args=actor_cls_args,
             actor_cls_kwargs=actor_cls_kwargs,
             preload_modules=tuple(self._backend.preload_modules),
+            placement_strategy=self.placement_strategy,
         )
 
     def _setup(self) -> None:

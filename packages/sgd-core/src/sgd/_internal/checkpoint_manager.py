@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from sgd.checkpoint import METADATA_FILE, CheckpointStrategy, write_dict_dir
+from sgd.checkpoint import METADATA_FILE, CheckpointStrategy, write_dict_dir, write_directory_metadata, write_files
 
 logger = logging.getLogger("sgd")
 
@@ -101,8 +101,63 @@ class CheckpointManager:
         self.latest_iteration = iteration
         return self._persist(None, score_values, iteration, written=tmp)
 
+    def register_reported(self, payloads: List[Any], metrics: Dict[str, Any], iteration: int,
+                          decode: Any = None) -> Optional[Path]:
+        """Take the checkpoint passed with report ``iteration`` (``sgd.report(m, checkpoint=c)``).
+
+        :param payloads: per rank, what its worker sent (``None`` where it passed no checkpoint):
+            a :class:`DirectCheckpoint`, :class:`DirectoryFiles` or an encoded dict state.
+            The lowest rank's is the checkpoint; other ranks' files are added to its
+            directory (sharded checkpoints), a file already there is kept.
+        :param metrics: the report of the lowest rank that passed one: scored by the
+            strategy and stored with the checkpoint.
+        """
+        from sgd._internal.session import DirectCheckpoint, DirectoryFiles
+
+        given = [p for p in payloads if p is not None]
+        first, extra = given[0], [p for p in given[1:] if isinstance(p, DirectoryFiles)]
+        self.latest_id += 1
+        self.latest_iteration = iteration
+        self.latest_state = None
+        if self.strategy.num_to_keep == 0:
+            for p in given:
+                if isinstance(p, DirectCheckpoint):
+                    shutil.rmtree(p.path, ignore_errors=True)
+            if not isinstance(first, (DirectCheckpoint, DirectoryFiles)):
+                self.latest_state = decode(first) if decode else first
+            elif isinstance(first, DirectoryFiles):
+                self.latest_state = {"_directory_files": first.files}
+            return None
+        written: Optional[Path] = None
+        state: Optional[Dict[str, Any]] = None
+        if isinstance(first, DirectCheckpoint):
+            written = Path(first.path)
+        elif isinstance(first, DirectoryFiles):
+            written = self._stage_files(first.files)
+        else:
+            state = decode(first) if decode else first
+            self.latest_state = state
+        if extra:
+            if written is None:
+                raise ValueError("a dict checkpoint cannot be merged with other ranks' directory checkpoints; "
+                                 "pass directory checkpoints (Checkpoint.from_directory) on every rank")
+            for p in extra:
+                write_files(p.files, written, overwrite=False)
+        return self._persist(state, metrics, iteration, written=written, metrics=metrics)
+
+    def _stage_files(self, files: Dict[str, bytes]) -> Path:
+        tmp = self.checkpoint_dir / f".tmp_files_{uuid.uuid4().hex[:12]}"
+        try:
+            tmp.mkdir(parents=True)
+            write_files(files, tmp)
+            write_directory_metadata(tmp)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return tmp
+
     def _persist(self, state: Optional[Dict[str, Any]], score_values: Dict[str, Any], iteration: int,
-                 written: Optional[Path] = None) -> Path:
+                 written: Optional[Path] = None, metrics: Optional[Dict[str, Any]] = None) -> Path:
         """Score, write (or finish ``written``), keep, mirror and prune the latest checkpoint.
         A bad score attribute is raised only after the checkpoint is safely written."""
         score_error: Optional[ValueError] = None
@@ -110,7 +165,7 @@ class CheckpointManager:
             score = self._score(score_values)
         except ValueError as exc:
             score, score_error = -math.inf, exc
-        path = self._write(self.latest_id, state, score, iteration, written=written)
+        path = self._write(self.latest_id, state, score, iteration, written=written, metrics=metrics)
         self._kept.append(_Kept(self.latest_id, score, path))
         self._upload(path)
         self._prune()
@@ -129,13 +184,15 @@ class CheckpointManager:
         return self.latest_state
 
     def _write(self, checkpoint_id: int, state: Optional[Dict[str, Any]], score: float, iteration: int,
-               written: Optional[Path] = None) -> Path:
+               written: Optional[Path] = None, metrics: Optional[Dict[str, Any]] = None) -> Path:
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         final = self.checkpoint_dir / checkpoint_dir_name(checkpoint_id)
         tmp = written or self.checkpoint_dir / f".tmp_{final.name}_{uuid.uuid4().hex[:8]}"
         try:
             meta = dict(id=checkpoint_id, score=score if math.isfinite(score) else None,
                         iteration=iteration, timestamp=time.time())
+            if metrics is not None:
+                meta["metrics"] = json_safe(metrics)
             if written is None:
                 assert state is not None
                 write_dict_dir(state, tmp, self.codec, extra_meta=meta)
@@ -209,6 +266,13 @@ class CheckpointManager:
     @property
     def kept_ids(self) -> List[int]:
         return sorted(c.checkpoint_id for c in self._kept)
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` as JSON can hold it (secrets dropped, like results.jsonl)."""
+    from sgd._internal.run_dir import _finite, _json_default, redact
+
+    return json.loads(json.dumps(_finite(redact(value)), default=_json_default))
 
 
 def _update_metadata(meta_file: Path, extra: Dict[str, Any]) -> None:

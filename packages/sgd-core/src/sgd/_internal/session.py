@@ -91,13 +91,29 @@ class DirectWrite:
     score_attribute: str
 
 
-class _Item:
-    __slots__ = ("kind", "data", "acked")
+#: Key of a report dict that carries the checkpoint passed with it (``sgd.report(m, checkpoint=c)``);
+#: the driver removes it before anyone else sees the report.
+CHECKPOINT_KEY = "_sgd_checkpoint"
 
-    def __init__(self, kind: str, data: Any):
+
+class DirectoryFiles:
+    """A directory checkpoint's files, sent to the driver (a worker not on the driver's node)."""
+
+    __slots__ = ("files",)
+
+    def __init__(self, files: Dict[str, bytes]):
+        self.files = files
+
+
+class _Item:
+    __slots__ = ("kind", "data", "acked", "sync")
+
+    def __init__(self, kind: str, data: Any, sync: bool = False):
         self.kind = kind
         self.data = data
         self.acked = False
+        # The worker waits until the driver has processed it (checkpoints).
+        self.sync = sync or kind == CHECKPOINT
 
 
 class Session:
@@ -121,6 +137,9 @@ class Session:
         self._encode_checkpoint = encode_checkpoint or encode
         self._direct_write = direct_write
         self.loaded_checkpoint = checkpoint
+        #: The ``sgd.Checkpoint`` this worker last passed to ``sgd.report`` (for ``get_checkpoint``).
+        self.latest_checkpoint_object: Any = None
+        self._materialized: Optional[str] = None
         self.dataset_shard = dataset_shard
         self._max_pending = max(1, max_pending)
 
@@ -153,6 +172,11 @@ class Session:
                 os._exit(exc.code if isinstance(exc.code, int) else 1)
         except BaseException as exc:
             error = self._capture(exc)
+        finally:
+            if self._materialized is not None:
+                import shutil
+
+                shutil.rmtree(self._materialized, ignore_errors=True)
         with self._cv:
             self._result, self._error, self._finished = result, error, True
             self._cv.notify_all()
@@ -202,8 +226,57 @@ class Session:
             self._items.append(item)
             self._cv.notify_all()
 
-    def report(self, metrics: Dict[str, Any]) -> None:
-        self._put(_Item(REPORT, self._autofill(metrics)))
+    def report(self, metrics: Dict[str, Any], checkpoint: Any = None) -> None:
+        data = self._autofill(metrics)
+        if checkpoint is None:
+            self._put(_Item(REPORT, data))
+            return
+        # The checkpoint's content is taken now: the caller may delete its folder
+        # as soon as report returns (``with tempfile.TemporaryDirectory()``).
+        data[CHECKPOINT_KEY] = self._checkpoint_payload(checkpoint)
+        item = _Item(REPORT, data, sync=True)
+        self._put(item)
+        with self._cv:
+            while not item.acked:
+                self._cv.wait()
+        self.latest_checkpoint_object = checkpoint
+
+    def _checkpoint_payload(self, checkpoint: Any) -> Any:
+        """What travels to the driver for a checkpoint passed to ``sgd.report``."""
+        from sgd.checkpoint import Checkpoint
+
+        if not isinstance(checkpoint, Checkpoint):
+            raise TypeError(f"sgd.report(checkpoint=...) takes an sgd.Checkpoint, got {type(checkpoint).__name__}")
+        if checkpoint.path is None:  # a dict checkpoint: as sgd.save_checkpoint sends it
+            state = checkpoint.to_dict()
+            if self._direct_write and self.context.world_rank == 0:
+                direct = self._write_direct(state)
+                if direct is not None:
+                    return direct
+            return self._encode_checkpoint(dict(state))
+        with checkpoint.as_directory() as local:
+            if self._direct_write and self.context.world_rank == 0:
+                direct = self._copy_direct(local)
+                if direct is not None:
+                    return direct
+            return DirectoryFiles(read_files(local))
+
+    def _copy_direct(self, source: str) -> Optional[DirectCheckpoint]:
+        """Copy a directory checkpoint straight into the (local) checkpoint folder."""
+        import shutil
+        import uuid
+
+        from sgd.checkpoint import write_directory_metadata
+
+        assert self._direct_write is not None
+        target = os.path.join(self._direct_write.directory, f".tmp_direct_{uuid.uuid4().hex[:12]}")
+        try:
+            shutil.copytree(source, target)
+            write_directory_metadata(Path(target))
+        except OSError:
+            shutil.rmtree(target, ignore_errors=True)
+            return None
+        return DirectCheckpoint(target, {})
 
     def save_checkpoint(self, state: Dict[str, Any]) -> None:
         # Only rank 0's state is kept; the other ranks send a marker so that
@@ -219,6 +292,26 @@ class Session:
             while not item.acked:
                 self._cv.wait()
         self.loaded_checkpoint = state
+        self.latest_checkpoint_object = None
+
+    def get_checkpoint(self) -> Any:
+        """The latest checkpoint as an ``sgd.Checkpoint`` (see ``sgd.get_checkpoint``)."""
+        from sgd.checkpoint import Checkpoint, write_files
+
+        if self.latest_checkpoint_object is not None:
+            return self.latest_checkpoint_object
+        state = self.loaded_checkpoint
+        if state is None:
+            return None
+        files = state.get("_directory_files") if len(state) == 1 else None
+        if files is None:
+            return Checkpoint.from_dict(state)
+        if self._materialized is None:
+            import tempfile
+
+            self._materialized = tempfile.mkdtemp(prefix="sgd_checkpoint_")
+            write_files(files, Path(self._materialized))
+        return Checkpoint.from_directory(self._materialized)
 
     def _write_direct(self, state: Dict[str, Any]) -> Optional[DirectCheckpoint]:
         """Write rank 0's checkpoint straight to the (local) checkpoint folder; ``None``
@@ -259,7 +352,7 @@ class Session:
             while self._items and len(batch) < max_items:
                 item = self._items.popleft()
                 batch.append((item.kind, item.data))
-                if item.kind == CHECKPOINT:
+                if item.sync:
                     self._delivered_checkpoints.append(item)
                     break
             self._cv.notify_all()
@@ -272,6 +365,15 @@ class Session:
 
     def join(self) -> None:
         self._thread.join()
+
+
+def read_files(directory: str) -> Dict[str, bytes]:
+    """Every file under ``directory`` by relative path (sgd's metadata file left out)."""
+    from sgd.checkpoint import METADATA_FILE
+
+    root = Path(directory)
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name != METADATA_FILE}
 
 
 _node_ip_cache: Optional[str] = None

@@ -1,0 +1,429 @@
+"""AIR-style trainers (the API of later Ray Train): ``TorchTrainer(...).fit() -> Result``.
+
+A thin layer over :class:`sgd.Trainer`: ``fit()`` builds a trainer from the configs,
+runs ``train_loop_per_worker`` through the same executor (same fault tolerance,
+checkpoints, run directory) and turns the run directory into a :class:`Result`.
+
+Framework packages subclass :class:`DataParallelTrainer` with their backend config
+(``sgd_torch.TorchTrainer``, ``sgd_tensorflow.TensorflowTrainer``,
+``sgd_horovod.HorovodTrainer``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+from sgd.backend import BackendConfig
+from sgd.callbacks import TrainingCallback
+from sgd.checkpoint import METADATA_FILE, Checkpoint, CheckpointStrategy
+from sgd.data import DatasetConfig
+
+logger = logging.getLogger("sgd")
+
+__all__ = ["ScalingConfig", "RunConfig", "CheckpointConfig", "FailureConfig", "Result", "DataParallelTrainer"]
+
+#: The pickled trainer a run directory keeps, so ``restore(path)`` needs no arguments.
+TRAINER_PICKLE = "air_trainer.pkl"
+
+
+@dataclass
+class ScalingConfig:
+    """How many workers and what each gets.
+
+    :param num_workers: a positive int, or ``(min, max)`` for elastic training.
+    :param use_gpu: one GPU per worker unless ``resources_per_worker`` says otherwise.
+    :param resources_per_worker: Ray resources per worker (``{"CPU": 2, "custom": 1}``).
+    :param placement_strategy: ``"PACK"`` (default), ``"SPREAD"``, ``"STRICT_PACK"``, ``"STRICT_SPREAD"``.
+    :param trainer_resources: accepted for Ray Train compatibility; sgd's driver is the
+        calling process, so it reserves nothing (under Tune the trial asks one CPU for it).
+    """
+
+    num_workers: Union[int, Tuple[int, int]] = 1
+    use_gpu: bool = False
+    resources_per_worker: Optional[Dict[str, float]] = None
+    placement_strategy: str = "PACK"
+    trainer_resources: Optional[Dict[str, float]] = None
+
+    def __post_init__(self) -> None:
+        from sgd.trainer import _resolve_num_workers, _resolve_resources
+        from sgd.worker_group import PLACEMENT_STRATEGIES
+
+        _resolve_num_workers(self.num_workers)
+        _resolve_resources(self.use_gpu, self.resources_per_worker)
+        if self.placement_strategy not in PLACEMENT_STRATEGIES:
+            raise ValueError(f"placement_strategy must be one of {', '.join(PLACEMENT_STRATEGIES)}, "
+                             f"got {self.placement_strategy!r}")
+
+
+@dataclass
+class CheckpointConfig:
+    """Which checkpoints to keep.
+
+    :param num_to_keep: ``None`` keeps all; ``K`` keeps the K best (and the latest).
+    :param checkpoint_score_attribute: a metric reported with the checkpoint
+        (``sgd.report(metrics, checkpoint=...)``); ``None`` ranks by recency.
+    :param checkpoint_score_order: ``"max"`` or ``"min"``.
+    """
+
+    num_to_keep: Optional[int] = None
+    checkpoint_score_attribute: Optional[str] = None
+    checkpoint_score_order: str = "max"
+
+    def __post_init__(self) -> None:
+        if self.num_to_keep is not None and (not isinstance(self.num_to_keep, int) or self.num_to_keep < 1):
+            # 0 would keep no checkpoint to resume from: Ray Train refuses it too.
+            raise ValueError(f"num_to_keep must be None or an int >= 1, got {self.num_to_keep!r}")
+        if self.checkpoint_score_order not in ("max", "min"):
+            raise ValueError(f"checkpoint_score_order must be 'max' or 'min', got {self.checkpoint_score_order!r}")
+        self.to_strategy()
+
+    def to_strategy(self) -> CheckpointStrategy:
+        if self.checkpoint_score_attribute is None:
+            return CheckpointStrategy(self.num_to_keep, "_training_iteration", "max")
+        return CheckpointStrategy(self.num_to_keep, self.checkpoint_score_attribute, self.checkpoint_score_order)
+
+
+@dataclass
+class FailureConfig:
+    """:param max_failures: worker-group failures to recover from; ``-1`` is unlimited."""
+
+    max_failures: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_failures, int) or isinstance(self.max_failures, bool) or self.max_failures < -1:
+            raise ValueError(f"max_failures must be an int >= -1 (-1: unlimited), got {self.max_failures!r}")
+
+
+@dataclass
+class RunConfig:
+    """Where and how a run is kept.
+
+    :param name: the experiment folder's name (default ``<TrainerClass>_<timestamp>``).
+    :param storage_path: a local folder (default: the results root, ``~/sgd_results`` or
+        ``SGD_RESULTS_DIR``) or a storage URI (``s3://…``, any ``pyarrow.fs``/fsspec URI);
+        with a URI, the run is written locally under the results root and every kept
+        checkpoint is copied to ``<storage_path>/<name>/run_NNN/checkpoints/``.
+    :param callbacks: :class:`sgd.TrainingCallback` objects (``sgd_loggers`` has loggers).
+    :param checkpoint_config: :class:`CheckpointConfig`.
+    :param failure_config: :class:`FailureConfig`.
+    :param verbose: ``0`` turns sgd's live progress line off; otherwise sgd's default.
+    """
+
+    name: Optional[str] = None
+    storage_path: Optional[str] = None
+    callbacks: Optional[Sequence[TrainingCallback]] = None
+    checkpoint_config: Optional[CheckpointConfig] = None
+    failure_config: Optional[FailureConfig] = None
+    verbose: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if self.callbacks is not None:
+            bad = [type(c).__name__ for c in self.callbacks if not isinstance(c, TrainingCallback)]
+            if bad:
+                raise TypeError(f"RunConfig(callbacks=...) takes sgd.TrainingCallback objects, got {', '.join(bad)}")
+        if self.name is not None and (not self.name or "/" in self.name or self.name in (".", "..")):
+            raise ValueError(f"RunConfig(name=...) must be a plain folder name, got {self.name!r}")
+
+
+@dataclass
+class Result:
+    """What ``fit()`` returns, also when training failed (then ``error`` is set).
+
+    :ivar metrics: the last report of rank 0 (``None`` if there was none).
+    :ivar checkpoint: the latest persisted checkpoint, or ``None``.
+    :ivar best_checkpoints: ``(checkpoint, metrics)`` for every kept checkpoint, oldest first.
+    :ivar error: the exception that ended training (the worker's own type), or ``None``.
+    :ivar path: the run directory (``<storage>/<name>/run_NNN``).
+    """
+
+    metrics: Optional[Dict[str, Any]]
+    checkpoint: Optional[Checkpoint]
+    error: Optional[BaseException] = None
+    path: Optional[str] = None
+    best_checkpoints: List[Tuple[Checkpoint, Dict[str, Any]]] = field(default_factory=list)
+    _rows: List[Dict[str, Any]] = field(default_factory=list, repr=False)
+
+    @property
+    def metrics_dataframe(self) -> Any:
+        """One row per report of rank 0, as a ``pandas.DataFrame`` (needs pandas)."""
+        try:
+            import pandas as pd
+        except ImportError as exc:
+            raise ImportError("Result.metrics_dataframe needs pandas: pip install pandas") from exc
+        return pd.DataFrame(self._rows)
+
+    @classmethod
+    def from_path(cls, path: Union[str, os.PathLike], error: Optional[BaseException] = None) -> Result:
+        """The result of the run in ``path`` (a run directory), read from disk."""
+        run = Path(path).expanduser().resolve()
+        if not run.is_dir():
+            raise FileNotFoundError(f"no run directory at {run}")
+        rows = _rank0_rows(run / "results.jsonl")
+        kept = []
+        for p in sorted((run / "checkpoints").glob("checkpoint_*")):
+            try:
+                meta = json.loads((p / METADATA_FILE).read_text())
+            except (OSError, ValueError):
+                continue  # not a complete checkpoint
+            metrics = meta.get("metrics")
+            if metrics is None:  # sgd.save_checkpoint: the report it followed
+                it = meta.get("iteration", 0)
+                metrics = next((r for r in rows if r.get("_training_iteration") == it), {})
+            kept.append((int(meta.get("id", 0)), Checkpoint.from_directory(p), metrics))
+        kept.sort(key=lambda k: k[0])
+        return cls(
+            metrics=rows[-1] if rows else None,
+            checkpoint=kept[-1][1] if kept else None,
+            error=error,
+            path=str(run),
+            best_checkpoints=[(c, m) for _, c, m in kept],
+            _rows=rows,
+        )
+
+    def __repr__(self) -> str:
+        return (f"Result(metrics={self.metrics!r}, checkpoint={self.checkpoint!r}, "
+                f"error={self.error!r}, path={self.path!r})")
+
+
+def _rank0_rows(results_file: Path) -> List[Dict[str, Any]]:
+    rows: List[Dict[str, Any]] = []
+    if not results_file.exists():
+        return rows
+    with open(results_file, encoding="utf-8") as f:
+        for line in f:
+            try:
+                rows.append(json.loads(line)[0])
+            except (ValueError, LookupError):
+                break  # a line cut short by a crash ends the file
+    return rows
+
+
+class DataParallelTrainer:
+    """Runs ``train_loop_per_worker`` on ``scaling_config.num_workers`` workers; ``fit()`` → :class:`Result`.
+
+    :param train_loop_per_worker: the training function: no argument, or one (the config).
+    :param train_loop_config: passed to ``train_loop_per_worker``.
+    :param backend_config: the framework backend (default: none, plain processes).
+    :param scaling_config: :class:`ScalingConfig`.
+    :param run_config: :class:`RunConfig`.
+    :param datasets: Ray Datasets by name; ``sgd.get_dataset_shard(name)`` in the loop.
+    :param dataset_config: :class:`sgd.DatasetConfig` by dataset name (split or whole, shuffle).
+    :param resume_from_checkpoint: an :class:`sgd.Checkpoint` (or path) the loop starts from
+        (``sgd.get_checkpoint()``).
+    :param metadata: accepted for Ray Train compatibility, kept as ``self.metadata``.
+    """
+
+    _default_backend_config: Callable[[], BackendConfig] = BackendConfig
+
+    def __init__(
+        self,
+        train_loop_per_worker: Callable[..., Any],
+        *,
+        train_loop_config: Optional[Dict[str, Any]] = None,
+        backend_config: Optional[BackendConfig] = None,
+        scaling_config: Optional[ScalingConfig] = None,
+        run_config: Optional[RunConfig] = None,
+        datasets: Optional[Dict[str, Any]] = None,
+        dataset_config: Optional[Dict[str, DatasetConfig]] = None,
+        resume_from_checkpoint: Any = None,
+        metadata: Optional[Dict[str, Any]] = None,
+    ):
+        from sgd._internal.utils import wrap_train_func
+
+        if not callable(train_loop_per_worker):
+            raise TypeError(f"train_loop_per_worker must be a function, got {type(train_loop_per_worker).__name__}")
+        wrap_train_func(train_loop_per_worker, train_loop_config)  # checks the signature now
+        _check_type("train_loop_config", train_loop_config, dict)
+        _check_type("backend_config", backend_config, BackendConfig)
+        _check_type("scaling_config", scaling_config, ScalingConfig)
+        _check_type("run_config", run_config, RunConfig)
+        _check_type("datasets", datasets, dict)
+        resume = resume_from_checkpoint
+        if resume is not None and not isinstance(resume, (Checkpoint, str, os.PathLike)):
+            raise TypeError("resume_from_checkpoint must be an sgd.Checkpoint or a path, "
+                            f"got {type(resume_from_checkpoint).__name__}")
+        self.train_loop_per_worker = train_loop_per_worker
+        self.train_loop_config = dict(train_loop_config or {})
+        self.backend_config = backend_config if backend_config is not None else type(self)._default_backend_config()
+        self.scaling_config = scaling_config or ScalingConfig()
+        self.run_config = run_config or RunConfig()
+        self.datasets = datasets
+        self.dataset_config = dataset_config
+        self.resume_from_checkpoint = resume_from_checkpoint
+        self.metadata = dict(metadata or {})
+        self._restore_run_dir: Optional[Path] = None
+
+    # --- running ----------------------------------------------------------------------
+
+    def _experiment_dir(self) -> Tuple[Path, Optional[str]]:
+        """The local folder runs go to, and the storage URI checkpoints are mirrored to."""
+        from sgd._internal.storage import is_uri
+        from sgd.trainer import results_root
+
+        name = self.run_config.name or (
+            f"{type(self).__name__}_{datetime.datetime.now().strftime('%Y-%m-%d_%H-%M-%S')}")
+        storage = self.run_config.storage_path
+        if storage is None:
+            return results_root() / name, None
+        if is_uri(str(storage)):
+            return results_root() / name, str(storage)
+        return Path(storage).expanduser().resolve() / name, None
+
+    def _make_trainer(self) -> Any:
+        from sgd.trainer import Trainer
+
+        sc = self.scaling_config
+        failures = (self.run_config.failure_config or FailureConfig()).max_failures
+        if self._restore_run_dir is not None:
+            trainer = Trainer.restore(self._restore_run_dir, backend=self.backend_config)
+            trainer.max_retries = failures
+            return trainer
+        logdir, mirror = self._experiment_dir()
+        return Trainer(
+            backend=self.backend_config,
+            num_workers=sc.num_workers,
+            use_gpu=sc.use_gpu,
+            resources_per_worker=sc.resources_per_worker,
+            logdir=logdir,
+            max_retries=failures,
+            storage_path=mirror,
+            placement_strategy=sc.placement_strategy,
+        )
+
+    def fit(self) -> Result:
+        """Train; the :class:`Result`, whose ``error`` is set if training failed (never raises for it)."""
+        trainer = self._make_trainer()
+        error: Optional[BaseException] = None
+        checkpoint_config = self.run_config.checkpoint_config or CheckpointConfig()
+        previous_progress = os.environ.get("SGD_PROGRESS")
+        if self.run_config.verbose == 0:
+            os.environ["SGD_PROGRESS"] = "0"
+        try:
+            trainer.start()
+            try:
+                iterator = trainer.run_iterator(
+                    self.train_loop_per_worker,
+                    config=self.train_loop_config,
+                    dataset=self.datasets,
+                    checkpoint=self.resume_from_checkpoint,  # a restored run's own latest wins
+                    checkpoint_strategy=checkpoint_config.to_strategy(),
+                    callbacks=self.run_config.callbacks,
+                    dataset_config=self.dataset_config,
+                )
+                self._save_for_restore(trainer.latest_run_dir)
+                for _ in iterator:
+                    pass
+            finally:
+                trainer.shutdown()
+        except Exception as exc:  # a training error is the result's, not the caller's
+            error = exc
+            logger.error("training failed: %s: %s", type(exc).__name__, exc)
+        finally:
+            if self.run_config.verbose == 0:
+                if previous_progress is None:
+                    os.environ.pop("SGD_PROGRESS", None)
+                else:
+                    os.environ["SGD_PROGRESS"] = previous_progress
+        run_dir = trainer.latest_run_dir
+        if run_dir is None:
+            return Result(metrics=None, checkpoint=None, error=error, path=None)
+        return Result.from_path(run_dir, error=error)
+
+    # --- restore ----------------------------------------------------------------------
+
+    def _save_for_restore(self, run_dir: Optional[Path]) -> None:
+        """Keep this trainer (without its datasets) in the run directory for :meth:`restore`."""
+        if run_dir is None:
+            return
+        import ray.cloudpickle as cloudpickle
+
+        state = dict(self.__dict__, datasets=None, _restore_run_dir=None)
+        try:
+            data = cloudpickle.dumps((type(self), state))
+        except Exception as exc:  # e.g. a callback holding a lock: restore then needs arguments
+            logger.warning("the trainer could not be pickled for restore(): %s", exc)
+            return
+        tmp = run_dir / f".{TRAINER_PICKLE}.tmp"
+        tmp.write_bytes(data)
+        os.replace(tmp, run_dir / TRAINER_PICKLE)
+
+    @classmethod
+    def can_restore(cls, path: Union[str, os.PathLike]) -> bool:
+        """Whether ``path`` is a run directory this trainer can continue."""
+        run = Path(path).expanduser()
+        return (run / "trainer.json").exists() and (run / TRAINER_PICKLE).exists()
+
+    @classmethod
+    def restore(cls, path: Union[str, os.PathLike], train_loop_per_worker: Optional[Callable[..., Any]] = None,
+                train_loop_config: Optional[Dict[str, Any]] = None, datasets: Optional[Dict[str, Any]] = None,
+                **overrides: Any) -> DataParallelTrainer:
+        """A trainer that continues the run in ``path`` (``result.path``), e.g. after its driver died.
+
+        ``fit()`` goes on in the same run directory from its latest checkpoint; reports
+        already in it are not repeated. Datasets are not saved with the run: pass them
+        again. Other arguments (``run_config=``...) replace the saved ones.
+        """
+        import ray.cloudpickle as cloudpickle
+
+        run = Path(path).expanduser().resolve()
+        if not (run / "trainer.json").exists():
+            raise FileNotFoundError(f"{run} is not an sgd run directory (no trainer.json); pass result.path")
+        pickled = run / TRAINER_PICKLE
+        if not pickled.exists():
+            raise FileNotFoundError(f"{run} has no {TRAINER_PICKLE}; it was not started by {cls.__name__}.fit()")
+        saved_cls, state = cloudpickle.loads(pickled.read_bytes())
+        if not issubclass(saved_cls, cls) and not issubclass(cls, saved_cls):
+            raise TypeError(f"{run} was written by {saved_cls.__name__}, not {cls.__name__}")
+        trainer = saved_cls.__new__(saved_cls)
+        trainer.__dict__.update(state)
+        if train_loop_per_worker is not None:
+            trainer.train_loop_per_worker = train_loop_per_worker
+        if train_loop_config is not None:
+            trainer.train_loop_config = dict(train_loop_config)
+        if datasets is not None:
+            trainer.datasets = datasets
+        for key, value in overrides.items():
+            if key not in state:
+                raise TypeError(f"{cls.__name__}.restore() got an unexpected argument {key!r}")
+            setattr(trainer, key, value)
+        trainer._restore_run_dir = run
+        return trainer
+
+    # --- Ray Tune -------------------------------------------------------------------
+
+    def as_trainable(self) -> Any:
+        """A Ray Tune function trainable running this trainer per trial (needs ``sgd-tune``).
+
+        ``param_space={"train_loop_config": {...}}`` values are merged into
+        ``train_loop_config``. ``tune.Tuner(trainer, ...)`` works too: the trainer is callable.
+        """
+        from sgd.plugins import get_plugin_manager
+
+        trainable = get_plugin_manager().hook.sgd_tune_trainable(trainer=self, train_func=None, dataset=None)
+        if trainable is None:
+            raise ImportError(f"{type(self).__name__}.as_trainable needs the sgd-tune package: pip install sgd-tune")
+        return trainable
+
+    def __call__(self, config: Dict[str, Any]) -> Any:
+        """Run as a Ray Tune function trainable (``tune.Tuner(trainer, param_space=...)``)."""
+        return self.as_trainable()(config)
+
+    @property
+    def _resources(self) -> Any:
+        # What Ray Tune reads off a function trainable to reserve resources for a trial.
+        return getattr(self.as_trainable(), "_resources", None)
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(backend={self.backend_config.name!r}, "
+                f"scaling_config={self.scaling_config!r})")
+
+
+def _check_type(name: str, value: Any, expected: type) -> None:
+    if value is not None and not isinstance(value, expected):
+        raise TypeError(f"{name} must be a {expected.__name__} (or None), got {type(value).__name__}")

@@ -1,0 +1,264 @@
+"""The AIR-style layer: DataParallelTrainer(...).fit() -> Result, directory checkpoints, restore."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pytest
+import ray
+
+import sgd
+from sgd import CheckpointConfig, DataParallelTrainer, FailureConfig, RunConfig, ScalingConfig
+from sgd_testing import wait_for
+
+
+def counting_loop(config):
+    """Reports epochs; rank 0 passes a directory checkpoint per epoch (every rank with
+    ``all_ranks``, which makes every rank wait for the driver); resumes from get_checkpoint()."""
+    start = 0
+    checkpoint = sgd.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as d:
+            start = json.loads(Path(d, "state.json").read_text())["epoch"] + 1
+    for epoch in range(start, config["epochs"]):
+        loss = config.get("losses", {}).get(epoch, 10.0 - epoch)
+        with tempfile.TemporaryDirectory() as d:  # deleted right after report: content must be taken
+            ckpt = None
+            if config.get("all_ranks"):
+                Path(d, f"rank_{sgd.world_rank()}").write_text("x")
+                ckpt = sgd.Checkpoint.from_directory(d)
+            if sgd.world_rank() == 0:
+                Path(d, "state.json").write_text(json.dumps({"epoch": epoch}))
+                Path(d, "sub").mkdir()
+                Path(d, "sub", "weights.bin").write_bytes(bytes([epoch]) * 1000)
+                ckpt = sgd.Checkpoint.from_directory(d)
+            sgd.report({"epoch": epoch, "loss": loss, "pid": os.getpid(), "start": start}, checkpoint=ckpt)
+    return start
+
+
+def test_fit_returns_result_with_directory_checkpoints(ray_cluster, tmp_path):
+    trainer = DataParallelTrainer(
+        counting_loop,
+        train_loop_config={"epochs": 4, "losses": {0: 3.0, 1: 1.0, 2: 2.0, 3: 5.0}},
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(name="exp", storage_path=str(tmp_path),
+                             checkpoint_config=CheckpointConfig(num_to_keep=2, checkpoint_score_attribute="loss",
+                                                                checkpoint_score_order="min")),
+    )
+    result = trainer.fit()
+    assert result.error is None
+    assert Path(result.path) == tmp_path / "exp" / "run_001"
+    assert result.metrics["epoch"] == 3 and result.metrics["_training_iteration"] == 4
+    df = result.metrics_dataframe
+    assert list(df["epoch"]) == [0, 1, 2, 3]
+    # Kept: the two lowest losses (epochs 1 and 2) and the latest (epoch 3).
+    kept = [m["epoch"] for _, m in result.best_checkpoints]
+    assert kept == [1, 2, 3]
+    with result.checkpoint.as_directory() as d:
+        assert json.loads(Path(d, "state.json").read_text()) == {"epoch": 3}
+        assert Path(d, "sub", "weights.bin").read_bytes() == bytes([3]) * 1000
+    assert sorted(p.name for p in Path(result.path, "checkpoints").iterdir()) == [
+        "checkpoint_000002", "checkpoint_000003", "checkpoint_000004"]
+    # The reports reached results.jsonl without the checkpoint payload.
+    assert all("_sgd_checkpoint" not in row for row in df.to_dict("records"))
+    assert Path(result.path).parent == tmp_path / "exp"
+
+    # resume_from_checkpoint: the loop starts after the checkpoint's epoch.
+    again = DataParallelTrainer(counting_loop, train_loop_config={"epochs": 6},
+                                scaling_config=ScalingConfig(num_workers=2),
+                                run_config=RunConfig(name="exp", storage_path=str(tmp_path)),
+                                resume_from_checkpoint=result.checkpoint).fit()
+    assert again.error is None
+    assert list(again.metrics_dataframe["epoch"]) == [4, 5]
+    assert Path(again.path).name == "run_002"
+
+
+def test_dict_checkpoint_and_get_checkpoint_round_trip(ray_cluster, tmp_path):
+    def loop():
+        ckpt = sgd.get_checkpoint()
+        n = ckpt.to_dict()["n"] if ckpt else 0
+        sgd.report({"n": n + 1}, checkpoint=sgd.Checkpoint.from_dict({"n": n + 1}))
+        assert sgd.get_checkpoint().to_dict() == {"n": n + 1}  # the one just reported
+
+    result = DataParallelTrainer(loop, scaling_config=ScalingConfig(num_workers=2),
+                                 run_config=RunConfig(storage_path=str(tmp_path))).fit()
+    assert result.error is None and result.metrics["n"] == 1
+    assert result.checkpoint.to_dict() == {"n": 1}
+    second = DataParallelTrainer(loop, scaling_config=ScalingConfig(num_workers=2),
+                                 run_config=RunConfig(storage_path=str(tmp_path)),
+                                 resume_from_checkpoint=result.checkpoint).fit()
+    assert second.error is None and second.metrics["n"] == 2
+
+
+def test_sharded_checkpoint_merges_every_rank(ray_cluster, tmp_path):
+    def loop():
+        with tempfile.TemporaryDirectory() as d:
+            Path(d, f"shard_{sgd.world_rank()}.txt").write_text(str(sgd.world_rank()))
+            sgd.report({"x": 1}, checkpoint=sgd.Checkpoint.from_directory(d))
+
+    result = DataParallelTrainer(loop, scaling_config=ScalingConfig(num_workers=2),
+                                 run_config=RunConfig(storage_path=str(tmp_path))).fit()
+    assert result.error is None
+    with result.checkpoint.as_directory() as d:
+        assert sorted(p.name for p in Path(d).iterdir() if not p.name.startswith(".")) == [
+            "shard_0.txt", "shard_1.txt"]
+
+
+class ValueBoom(ValueError):
+    pass
+
+
+def test_failing_loop_sets_result_error(ray_cluster, tmp_path):
+    def loop():
+        sgd.report({"step": 1})
+        if sgd.world_rank() == 1:
+            raise ValueBoom("bad batch on rank 1")
+        sgd.report({"step": 2})
+
+    result = DataParallelTrainer(loop, scaling_config=ScalingConfig(num_workers=2),
+                                 run_config=RunConfig(storage_path=str(tmp_path))).fit()
+    assert isinstance(result.error, ValueBoom)
+    assert "bad batch on rank 1" in str(result.error)
+    assert result.metrics == result.metrics_dataframe.to_dict("records")[-1]
+    assert result.metrics["step"] == 1
+    assert json.loads(Path(result.path, "status.json").read_text())["status"] == "ERRORED"
+
+
+class KillRank1Once(sgd.TrainingCallback):
+    def __init__(self):
+        self.killed = False
+
+    def handle_result(self, results, **info):
+        if not self.killed and results[0]["epoch"] == 1:
+            self.killed = True
+            os.kill(results[1]["pid"], signal.SIGKILL)
+
+
+def test_worker_killed_with_max_failures_finishes_without_duplicate_rows(ray_cluster, tmp_path):
+    killer = KillRank1Once()
+    result = DataParallelTrainer(
+        counting_loop, train_loop_config={"epochs": 5, "all_ranks": True},
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(storage_path=str(tmp_path), callbacks=[killer],
+                             failure_config=FailureConfig(max_failures=1)),
+    ).fit()
+    assert killer.killed
+    assert result.error is None, result.error
+    df = result.metrics_dataframe
+    assert list(df["epoch"]) == [0, 1, 2, 3, 4]
+    assert list(df["_training_iteration"]) == [1, 2, 3, 4, 5]
+    assert df["start"].iloc[-1] >= 1  # the restarted loop resumed from a checkpoint
+
+
+def test_worker_killed_without_retries_is_an_error(ray_cluster, tmp_path):
+    result = DataParallelTrainer(
+        counting_loop, train_loop_config={"epochs": 5, "all_ranks": True},
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(storage_path=str(tmp_path), callbacks=[KillRank1Once()]),
+    ).fit()
+    assert isinstance(result.error, sgd.TrainingFailedError)
+    assert "max_retries=0" in str(result.error)
+
+
+def test_datasets_are_sharded(ray_cluster, tmp_path):
+    def loop():
+        rows = [r["id"] for r in sgd.get_dataset_shard("train").iter_rows()]
+        sgd.report({"rows": rows})
+
+    result = DataParallelTrainer(loop, scaling_config=ScalingConfig(num_workers=2),
+                                 run_config=RunConfig(storage_path=str(tmp_path)),
+                                 datasets={"train": ray.data.range(10)}).fit()
+    assert result.error is None
+    lines = [json.loads(x) for x in Path(result.path, "results.jsonl").read_text().splitlines()]
+    assert sorted(lines[0][0]["rows"] + lines[0][1]["rows"]) == list(range(10))
+
+
+RESTORE_LOOP = '''
+import json, tempfile, threading
+from pathlib import Path
+import sgd
+
+def restore_loop(config):
+    step = 0
+    ckpt = sgd.get_checkpoint()
+    if ckpt is not None:
+        step = ckpt.to_dict()["step"]
+    while step < config["steps"]:
+        if step == config.get("block_at"):
+            threading.Event().wait()  # hangs here until the driver is killed
+        step += 1
+        sgd.report({"step": step}, checkpoint=sgd.Checkpoint.from_dict({"step": step}))
+'''
+
+
+def test_restore_continues_a_run_whose_driver_died(ray_cluster, tmp_path):
+    address = ray.get_runtime_context().gcs_address
+    script = RESTORE_LOOP + textwrap.dedent(f"""
+        import ray
+        ray.init(address={address!r})
+        from sgd import DataParallelTrainer, RunConfig, ScalingConfig
+        DataParallelTrainer(restore_loop, train_loop_config={{"steps": 6, "block_at": 3}},
+                            scaling_config=ScalingConfig(num_workers=2),
+                            run_config=RunConfig(name="exp", storage_path={str(tmp_path)!r})).fit()
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script])
+    run_dir = tmp_path / "exp" / "run_001"
+    try:
+        wait_for(lambda: (run_dir / "checkpoints" / "checkpoint_000003").is_dir(), timeout=120,
+                 message="the driver never wrote checkpoint 3")
+        os.kill(proc.pid, signal.SIGKILL)
+        assert proc.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+    assert DataParallelTrainer.can_restore(run_dir)
+    with pytest.raises(TypeError, match="unexpected argument 'bogus'"):
+        DataParallelTrainer.restore(run_dir, bogus=1)
+    # The saved train_loop_config would block again: replace it.
+    result = DataParallelTrainer.restore(run_dir, train_loop_config={"steps": 6}).fit()
+    assert result.error is None
+    assert Path(result.path) == run_dir
+    assert list(result.metrics_dataframe["step"]) == [1, 2, 3, 4, 5, 6]
+    assert result.checkpoint.to_dict() == {"step": 6}
+
+
+def test_restore_rejects_a_folder_that_is_not_a_run(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not an sgd run directory"):
+        DataParallelTrainer.restore(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "make, error, match",
+    [
+        (lambda: ScalingConfig(num_workers=0), ValueError, "num_workers"),
+        (lambda: ScalingConfig(use_gpu=False, resources_per_worker={"GPU": 1}), ValueError, "GPU"),
+        (lambda: ScalingConfig(placement_strategy="RANDOM"), ValueError, "PACK"),
+        (lambda: CheckpointConfig(num_to_keep=0), ValueError, "num_to_keep"),
+        (lambda: CheckpointConfig(checkpoint_score_order="up"), ValueError, "max' or 'min"),
+        (lambda: FailureConfig(max_failures=-2), ValueError, "max_failures"),
+        (lambda: RunConfig(name="a/b"), ValueError, "plain folder name"),
+        (lambda: RunConfig(callbacks=[print]), TypeError, "TrainingCallback"),
+        (lambda: DataParallelTrainer(lambda a, b: None), ValueError, "none or one"),
+        (lambda: DataParallelTrainer(lambda: None, scaling_config={"num_workers": 2}), TypeError, "ScalingConfig"),
+        (lambda: DataParallelTrainer(lambda: None, datasets=[1]), TypeError, "datasets"),
+        (lambda: DataParallelTrainer(lambda: None, resume_from_checkpoint=3), TypeError, "resume_from_checkpoint"),
+    ],
+)
+def test_bad_configs_raise_clear_errors(make, error, match):
+    with pytest.raises(error, match=match):
+        make()
+
+
+def test_report_rejects_a_checkpoint_that_is_not_one(ray_cluster, tmp_path):
+    def loop():
+        sgd.report({"x": 1}, checkpoint="/tmp/some/dir")
+
+    result = DataParallelTrainer(loop, run_config=RunConfig(storage_path=str(tmp_path))).fit()
+    assert isinstance(result.error, TypeError)
+    assert "takes an sgd.Checkpoint" in str(result.error)
