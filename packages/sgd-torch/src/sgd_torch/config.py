@@ -34,11 +34,18 @@ class TorchConfig(BackendConfig):
     :param init_method: ``"env"`` (``MASTER_ADDR``/``MASTER_PORT``) or ``"tcp"``
         (``tcp://addr:port``).
     :param timeout_s: timeout of collective operations, in seconds.
+    :param init_process_group: create the default process group on every worker (the
+        default). ``False`` only sets the torchrun environment variables (``MASTER_ADDR``,
+        ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``...) and leaves
+        ``torch.distributed.init_process_group("env://")`` to the training code, as under
+        ``torchrun`` (``sgd run`` uses this). A group the code leaves behind is destroyed
+        before the next run and at shutdown.
     """
 
     backend: Optional[str] = None
     init_method: str = "env"
     timeout_s: int = 1800
+    init_process_group: bool = True
 
     def __post_init__(self) -> None:
         if self.init_method not in _INIT_METHODS:
@@ -47,6 +54,8 @@ class TorchConfig(BackendConfig):
             raise ValueError(f"unknown torch.distributed backend {self.backend!r}; use 'gloo' or 'nccl'")
         if self.timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
+        if not isinstance(self.init_process_group, bool):
+            raise ValueError(f"init_process_group must be True or False, got {self.init_process_group!r}")
 
     @property
     def backend_cls(self) -> type:
@@ -122,6 +131,8 @@ class _TorchBackend(Backend):
             }
             refs.append(worker_group.execute_single_async(rank, _set_env, env))
         ray.get(refs)  # every worker has its env before any of them starts the rendezvous
+        if not backend_config.init_process_group:
+            return  # the training code calls init_process_group("env://") itself
         ray.get(
             [
                 worker_group.execute_single_async(
@@ -144,6 +155,13 @@ class _TorchBackend(Backend):
             env = {"CUDA_VISIBLE_DEVICES": ",".join(ids), "SGD_OWN_GPU_IDS": ",".join(meta.gpu_ids)}
             refs.append(worker_group.execute_single_async(rank, _set_env, env))
         ray.get(refs)
+
+    def on_training_start(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
+        assert isinstance(backend_config, TorchConfig)
+        if not backend_config.init_process_group:
+            # The previous run's code may have left its own group: the next run's
+            # init_process_group would fail with "already initialized".
+            worker_group.execute(_destroy_process_group)
 
     def on_shutdown(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
         worker_group.execute(_destroy_process_group)
