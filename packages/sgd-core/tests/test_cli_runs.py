@@ -129,3 +129,22 @@ def test_errors_exit_2(tmp_path, capsys):
 def test_empty_root(tmp_path, capsys):
     assert cli.main(["runs", "ls", str(tmp_path)]) == 0
     assert capsys.readouterr().out.strip() == f"no runs under {tmp_path}"
+
+
+def test_running_run_whose_driver_is_gone_shows_driver_died(tmp_path):
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(done.stdout)
+    for name, pid, host, expected in [
+        ("run_001", dead_pid, socket.gethostname(), "DRIVER_DIED"),
+        ("run_002", os.getpid(), socket.gethostname(), "RUNNING"),  # this process: alive
+        ("run_003", dead_pid, "another-host", "RUNNING"),  # cannot tell from here
+    ]:
+        run = tmp_path / name
+        run.mkdir()
+        (run / "status.json").write_text(json.dumps({"status": "RUNNING", "time": 0, "pid": pid, "host": host}))
+        assert runs.run_info(run).status == expected, name

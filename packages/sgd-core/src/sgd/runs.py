@@ -2,8 +2,9 @@
 
 A run directory is what :class:`sgd.Trainer` writes under ``logdir/run_NNN`` (see
 :mod:`sgd._internal.run_dir`). Everything here only reads: a run that is still
-going is not disturbed. A run whose driver was killed keeps the status
-``RUNNING`` (its ``status.json`` was never closed); ``Trainer.restore`` resumes it.
+going is not disturbed. A run whose driver was killed shows ``DRIVER_DIED`` when the
+driver ran on this host (its pid is gone), else ``RUNNING`` (its ``status.json`` was never
+closed); ``Trainer.restore`` resumes it.
 """
 
 from __future__ import annotations
@@ -112,7 +113,27 @@ def _status(run: Path) -> Dict[str, Any]:
     data = _read_json(run / STATUS_FILE)
     if not isinstance(data, dict):
         return {"status": "UNKNOWN", "time": None}
-    return {"status": str(data.get("status", "UNKNOWN")), "time": data.get("time")}
+    status = str(data.get("status", "UNKNOWN"))
+    if status == "RUNNING" and _driver_gone(data):
+        status = "DRIVER_DIED"
+    return {"status": status, "time": data.get("time")}
+
+
+def _driver_gone(data: Dict[str, Any]) -> bool:
+    """A RUNNING run whose driver ran on this host under a pid that no longer exists."""
+    import os
+    import socket
+
+    pid = data.get("pid")
+    if not isinstance(pid, int) or data.get("host") != socket.gethostname():
+        return False  # another machine's driver (or an old run): cannot tell
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
 def _started(run: Path) -> Optional[float]:

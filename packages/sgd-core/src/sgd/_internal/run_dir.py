@@ -99,7 +99,12 @@ class RunDirectory:
         return json.loads((self.path / SETTINGS_FILE).read_text())
 
     def _write_status(self, status: str) -> None:
-        (self.path / STATUS_FILE).write_text(json.dumps({"status": status, "time": time.time()}))
+        import os
+        import socket
+
+        # The driver's pid and host tell a reader whether a RUNNING run's driver is still alive.
+        (self.path / STATUS_FILE).write_text(json.dumps({"status": status, "time": time.time(),
+                                                         "pid": os.getpid(), "host": socket.gethostname()}))
 
     def close(self, error: bool) -> None:
         if self._results is not None:
