@@ -129,3 +129,46 @@ def test_sys_exit_zero_ends_the_function(trainer_factory):
         raise SystemExit(0)
 
     assert trainer_factory().run(train_func) == [None, None]
+
+
+def _peer_lost(config):
+    """Attempt 1: rank 1 fails like a collective whose peer died, then rank 0 dies.
+    Attempt 2 (a restart): both finish."""
+    marker = config["marker"]
+    if os.path.exists(marker + ".done"):
+        return "second attempt"
+    if sgd.world_rank() == 1:
+        open(marker, "w").close()
+        raise RuntimeError("[gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:29500")
+    deadline = time.monotonic() + 30
+    while not os.path.exists(marker) and time.monotonic() < deadline:
+        time.sleep(0.01)  # rank 1 has raised its error
+    open(marker + ".done", "w").close()
+    # Give rank 1's error a head start to the driver, the order this test is about (the run
+    # must restart whichever arrives first; without the head start it tests less, not wrongly).
+    time.sleep(0.3)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_peer_failure_error_before_the_death_is_a_restart(trainer_factory, tmp_path):
+    trainer = trainer_factory(max_retries=1)
+    assert trainer.run(_peer_lost, config={"marker": str(tmp_path / "m")}) == ["second attempt"] * 2
+
+
+def test_peer_failure_error_without_a_death_is_raised(trainer_factory, tmp_path, monkeypatch):
+    from sgd._internal import backend_executor
+
+    monkeypatch.setattr(backend_executor, "PEER_FAILURE_GRACE_S", 1.0)
+
+    def fails():
+        if sgd.world_rank() == 1:
+            raise RuntimeError("Connection reset by peer")
+        import threading
+
+        threading.Event().wait()  # rank 0 stays alive (as if in a collective) and does not die
+
+    trainer = trainer_factory(max_retries=1)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="Connection reset by peer"):
+        trainer.run(fails)
+    assert time.monotonic() - start >= 1.0  # held for the grace period, then raised as is

@@ -5,6 +5,8 @@ starts runs and turns the workers' result batches into rounds.
 from __future__ import annotations
 
 import logging
+import os
+import re
 import time
 from collections import deque
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
@@ -24,6 +26,20 @@ logger = logging.getLogger("sgd")
 POLL_BATCH = 4096
 #: After a worker error, how long to collect the reports other workers had already made.
 ERROR_DRAIN_S = 1.0
+#: An error that reads like a peer's death (its collective lost the connection) is held this
+#: long while the driver watches for the death itself, which restarts the group instead.
+PEER_FAILURE_GRACE_S = float(os.environ.get("SGD_PEER_FAILURE_GRACE_S", "10"))
+_PEER_FAILURE = re.compile(
+    r"connection (reset|closed) by peer|broken pipe|connection refused|socket closed|"
+    r"communicator was aborted|nccl.*(remote|abort|error)|gloo/transport|gloo.*(timed out|timeout|connect)|"
+    r"DistBackendError",
+    re.IGNORECASE,
+)
+
+
+def looks_like_peer_failure(err: RemoteError) -> bool:
+    """Whether a worker's error is what a collective raises when another worker died."""
+    return bool(_PEER_FAILURE.search(f"{err.type_name}: {err.message}"))
 
 
 class TrainingFailedError(RuntimeError):
@@ -145,26 +161,53 @@ class RunState:
         assert self._error is not None
         waiting = [i for i, p in enumerate(self._pending) if not p]
         if any(self._done[i] for i in waiting):
-            _raise_remote(self._error)  # a finished worker has nothing more: no round can form
+            self._raise_error()  # a finished worker has nothing more: no round can form
         for i in waiting:
             if i not in self._inflight.values():
                 self._inflight[self._workers[i]._sgd_poll.remote(POLL_BATCH)] = i
         timeout = self._drain_deadline - time.monotonic()
         ready: List[Any] = []
         if timeout > 0:
-            ready, _ = ray.wait(list(self._inflight), num_returns=1, timeout=timeout)
+            ready, _ = ray.wait(list(self._inflight) + list(self._watches), num_returns=1, timeout=timeout)
         if not ready:
-            _raise_remote(self._error)
+            self._raise_error()
         for ref in ready:
+            if ref in self._watches:
+                self._check_watch(ref)
+                continue
             i = self._inflight.pop(ref)
             try:
                 batch, finished, value, _ = ray.get(ref)
-            except RayActorError:
-                _raise_remote(self._error)
+            except RayActorError as exc:
+                raise WorkerDiedError(f"worker rank {i} died: {_short(exc)}", i) from exc
             self._pending[i].extend(batch)
             if finished:
                 self._done[i] = True
                 self.returns[i] = value
+
+    def _check_watch(self, ref: Any) -> None:
+        """A watch call returned: fine if the worker's run ended, a death otherwise."""
+        i = self._watches.pop(ref)
+        try:
+            ray.get(ref)
+        except RayActorError as exc:
+            raise WorkerDiedError(f"worker rank {i} died: {_short(exc)}", i) from exc
+
+    def _raise_error(self) -> None:
+        """Raise the worker's error, unless a worker died: a peer's death makes the others'
+        collectives fail ("Connection reset by peer"), and that error can reach the driver
+        before the death does. Such an error waits up to ``PEER_FAILURE_GRACE_S`` for it."""
+        assert self._error is not None
+        grace = PEER_FAILURE_GRACE_S if looks_like_peer_failure(self._error) else 0.0
+        deadline = time.monotonic() + grace
+        while self._watches:
+            ready, _ = ray.wait(list(self._watches), num_returns=1,
+                                timeout=max(0.0, deadline - time.monotonic()))
+            for ref in ready:
+                self._check_watch(ref)
+            if time.monotonic() >= deadline:
+                break
+        _raise_remote(self._error)
 
     def _describe(self) -> str:
         parts = []
