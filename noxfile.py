@@ -24,6 +24,8 @@ TEST_PACKAGES = [
     "packages/sgd-loggers[mlflow,wandb,tensorboard,plot]",
     "packages/sgd-tune",
     "packages/sgd-tensorflow[legacy-keras]",
+    "packages/sgd-horovod",
+    "packages/sgd-torch[huggingface]",
 ]
 
 
@@ -37,6 +39,9 @@ def _install(session: nox.Session, *extra: str) -> None:
 def tests(session: nox.Session) -> None:
     """The whole test suite: each package's tests and the end-to-end tests in tests/."""
     _install(session, *TEST_DEPS, *[arg for p in TEST_PACKAGES for arg in ("-e", p)])
+    # Horovod has no usable wheel on PyPI: build one against this session's torch, once per
+    # (horovod, torch, python) version, cached in ~/.cache/sgd/wheels (docs/horovod.md).
+    session.run("python", "scripts/build_horovod.py", "--install", *CONSTRAINTS)
     args = session.posargs or ["packages", "tests"]
     session.run("pytest", *args, env={"PYTHONUNBUFFERED": "1"})
 
@@ -58,14 +63,18 @@ def demo(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
-    """Benchmarks: core overhead, checkpoints and recovery, Ray Data; JSON and markdown tables in
-    benchmarks/results/. ``nox -s bench -- --quick`` runs fewer repetitions."""
+    """Benchmarks: core overhead, checkpoints and recovery, Ray Data, and sgd side by side with Ray
+    Train and torchrun (compare.md/.png); JSON and markdown tables in benchmarks/results/.
+    ``nox -s bench -- --quick`` runs fewer repetitions."""
     _install(session)
     env = {"PYTHONUNBUFFERED": "1"}
     session.run("python", "benchmarks/bench_core.py", *session.posargs, env=env)
     session.run("python", "benchmarks/bench_checkpoint.py", *session.posargs, env=env)
-    session.install(*CONSTRAINTS, "ray[data]")
+    # ray[data] for bench_data; ray[train] (Ray Train's TorchTrainer, the same ray as sgd's) and
+    # matplotlib (compare.png) for bench_compare
+    session.install(*CONSTRAINTS, "ray[data,train]", "matplotlib")
     session.run("python", "benchmarks/bench_data.py", *session.posargs, env=env)
+    session.run("python", "benchmarks/bench_compare.py", *session.posargs, env=env)
 
 
 @nox.session(python=PYTHON, venv_backend="none")

@@ -262,3 +262,19 @@ def test_report_rejects_a_checkpoint_that_is_not_one(ray_cluster, tmp_path):
     result = DataParallelTrainer(loop, run_config=RunConfig(storage_path=str(tmp_path))).fit()
     assert isinstance(result.error, TypeError)
     assert "takes an sgd.Checkpoint" in str(result.error)
+
+
+def test_save_checkpoint_works_in_an_air_loop(ray_cluster, tmp_path):
+    def loop():
+        state = sgd.load_checkpoint() or {"n": 0}
+        for n in range(state["n"] + 1, state["n"] + 4):
+            sgd.report({"n": n})
+            sgd.save_checkpoint(n=n)
+
+    result = DataParallelTrainer(loop, scaling_config=ScalingConfig(num_workers=2),
+                                 run_config=RunConfig(storage_path=str(tmp_path),
+                                                      checkpoint_config=CheckpointConfig(num_to_keep=2))).fit()
+    assert result.error is None, result.error
+    assert result.checkpoint.to_dict() == {"n": 3}
+    # Ranked by recency: the last two are kept, each with the report it followed.
+    assert [(c.to_dict()["n"], m["n"]) for c, m in result.best_checkpoints] == [(2, 2), (3, 3)]

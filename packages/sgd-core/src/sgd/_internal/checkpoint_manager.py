@@ -161,6 +161,10 @@ class CheckpointManager:
         """Score, write (or finish ``written``), keep, mirror and prune the latest checkpoint.
         A bad score attribute is raised only after the checkpoint is safely written."""
         score_error: Optional[ValueError] = None
+        if self.strategy.checkpoint_score_attribute == "_training_iteration" and \
+                "_training_iteration" not in score_values:
+            # Recency for sgd.save_checkpoint states too (the AIR default ranks by iteration).
+            score_values = {**score_values, "_training_iteration": iteration + self.latest_id * 1e-6}
         try:
             score = self._score(score_values)
         except ValueError as exc:
