@@ -115,3 +115,59 @@ def test_cross_validation_folds(ray_cluster):
     assert sorted(x for v in vals for x in v) == list(range(12))  # each row validates once
     with pytest.raises(ValueError, match="k must be"):
         sgd.cross_validation_folds(ray_data.range(4), k=1)
+
+
+BULK = {"default": sgd.DatasetConfig(streaming=False)}
+
+
+def test_materialised_split_covers_each_epoch_once(base_trainer):
+    per_worker = base_trainer.run(_epochs, config={"epochs": 2}, dataset=ray_data.range(10), dataset_config=BULK)
+    for epoch in range(2):
+        parts = [w[epoch] for w in per_worker]
+        assert sorted(parts[0] + parts[1]) == list(range(10))
+        assert len(parts[0]) == len(parts[1]) == 5  # equal shards
+    assert per_worker[0][0] == per_worker[0][1]  # the same rows every epoch: a worker keeps its blocks
+
+
+def test_materialised_split_shuffles_within_shards_each_epoch(base_trainer):
+    def orders(config):
+        shard = sgd.get_dataset_shard()
+        return [[int(r["id"]) for r in shard.iter_rows()] for _ in range(3)]
+
+    out = base_trainer.run(orders, dataset=ray_data.range(60),
+                           dataset_config={"default": sgd.DatasetConfig(shuffle=True, streaming=False)})
+    for worker in out:
+        assert len({tuple(sorted(e)) for e in worker}) == 1  # same rows each epoch...
+        assert len({tuple(e) for e in worker}) > 1  # ...in a new order
+    assert sorted(out[0][0] + out[1][0]) == list(range(60))
+    assert out[0][0] != list(range(30))  # shuffled across workers before the split too
+
+
+def test_materialised_shards_are_reused_after_a_worker_dies(base_trainer):
+    seen = []
+
+    class KillOnce(sgd.TrainingCallback):
+        def handle_result(self, results, **info):
+            seen.append([r["rows"] for r in results])
+            if results[0]["epoch"] == 1 and not getattr(self, "done", False):
+                self.done = True
+                os.kill(results[1]["pid"], signal.SIGKILL)
+
+    import sgd.trainer as trainer_module
+
+    made = []
+    real = trainer_module.shard_datasets
+
+    def counting(*args, **kwargs):
+        made.append(1)
+        return real(*args, **kwargs)
+
+    trainer_module.shard_datasets = counting
+    try:
+        out = base_trainer.run(_killable, config={"epochs": 4}, dataset=ray_data.range(10), callbacks=[KillOnce()],
+                               dataset_config=BULK)
+    finally:
+        trainer_module.shard_datasets = real
+    assert out == [5, 5]
+    assert len(made) == 1  # split once; the restarted group got the same shards
+    assert [sorted(a + b) for a, b in seen] == [list(range(10))] * 4

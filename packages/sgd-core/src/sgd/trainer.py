@@ -18,7 +18,7 @@ from sgd._internal.utils import wrap_train_func
 from sgd.backend import BackendConfig
 from sgd.callbacks import TrainingCallback
 from sgd.checkpoint import Checkpoint, CheckpointStrategy
-from sgd.data import DatasetConfig, shard_datasets
+from sgd.data import DatasetConfig, shard_datasets, shards_survive_restart
 from sgd.plugins import get_plugin_manager, resolve_backend
 from sgd.worker_group import WorkerGroup
 
@@ -453,8 +453,9 @@ class TrainingIterator:
         n = self._executor.num_workers
         if self._dataset is not None and n not in self._shards:
             # Split once per start of the group (see _recover for why restarts split again).
-            hints = [m.node_id for m in self._executor.worker_group.metadata]
-            self._shards = {n: shard_datasets(self._dataset, n, self._dataset_config, hints)}
+            group = self._executor.worker_group
+            hints = [m.node_id for m in group.metadata]
+            self._shards = {n: shard_datasets(self._dataset, n, self._dataset_config, hints, list(group.workers))}
         shards = self._shards.get(n) if self._dataset is not None else None
         direct = None
         if self._manager.strategy.num_to_keep != 0 and self._executor.rank0_on_driver_node():
@@ -483,7 +484,9 @@ class TrainingIterator:
                 self._manager.remove_temporary()  # the old workers are gone, mid-write or not
                 # Ray Data's streaming split counts a dead consumer that had reached its
                 # epoch barrier and cannot forget it: a restarted group needs a new split.
-                self._shards = {}
+                # Materialised shards (DatasetConfig(streaming=False)) are reused.
+                if not shards_survive_restart(self._dataset, self._dataset_config):
+                    self._shards = {}
                 state = self._manager.latest()
                 if state is not None:
                     self._run = self._start(state, self._manager.latest_iteration)
