@@ -58,9 +58,8 @@ def run_sgd(case: str, config: Dict[str, Any], work: Path) -> Dict[str, Any]:
     import ray
 
     import sgd
-    from sgd._internal.utils import LOCAL_RAY_SYSTEM_CONFIG
 
-    out = _ray_up(LOCAL_RAY_SYSTEM_CONFIG)  # as sgd starts Ray when the user has not
+    out = _ray_up()
     trainer = sgd.Trainer(backend="torch", num_workers=NUM_WORKERS, logdir=work / "sgd",
                           max_retries=1 if case == "recovery" else 0)
     t = time.time()
@@ -187,14 +186,13 @@ def run_torchrun(case: str, config: Dict[str, Any], work: Path) -> None:
 # --- shared ---------------------------------------------------------------------------------------------
 
 
-def _ray_up(system_config: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-    """Start Ray as the framework does when the user has not (``system_config``: sgd's
-    settings for the cluster it starts); call it right after the framework's imports."""
+def _ray_up() -> Dict[str, Any]:
+    """Start Ray; call it right after the framework's imports. The times so far."""
     import ray
 
     out = {"import_s": time.time() - float(os.environ["BENCH_T_SPAWN"])}
     t = time.time()
-    ray.init(**RAY_INIT, **({"_system_config": system_config} if system_config else {}))
+    ray.init(**RAY_INIT)
     out["ray_init_s"] = time.time() - t
     return out
 

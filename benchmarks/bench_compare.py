@@ -382,9 +382,7 @@ def notes_for(plan: Plan, runs: Dict[str, Dict[str, List[Dict[str, Any]]]], miss
                              if (v := _median_of(trivial.get(fw, []), key)) is not None)
 
         notes.append(f"1. Cold: from launching the command to the result in hand (`run`/`fit` returned; torchrun: "
-                     f"rank 0 past the all_reduce), Python start, imports and Ray start included (each framework "
-                     f"starts Ray as it does when the user has not: sgd without Ray's idle pre-started workers, "
-                     f"`sgd._internal.utils.LOCAL_RAY_SYSTEM_CONFIG`), teardown not. "
+                     f"rank 0 past the all_reduce), Python start, imports and Ray start included, teardown not. "
                      f"Medians: sgd {phases('sgd')}; Ray Train {phases('ray')}. First trainer: the same job on "
                      f"the Ray the driver just started, without Ray start or imports (sgd: start + run + shutdown; "
                      f"Ray Train: `fit()`, which starts and stops its workers). Warm: again in the same driver, "

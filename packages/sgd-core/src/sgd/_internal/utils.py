@@ -20,20 +20,11 @@ def ensure_ray() -> None:
     import ray
 
     if not ray.is_initialized():
-        address = os.environ.get("RAY_ADDRESS")
-        if address:
-            ray.init(address=address)
-            return
         # The dashboard costs seconds at start and memory; opt in with SGD_RAY_DASHBOARD=1.
-        ray.init(address="local", include_dashboard=os.environ.get("SGD_RAY_DASHBOARD", "0") == "1",
-                 _system_config=LOCAL_RAY_SYSTEM_CONFIG)
-
-
-#: Settings of the Ray cluster sgd starts itself. Ray pre-starts one idle worker process per
-#: CPU for the first driver; sgd's workers are actors started right after, so on a small
-#: machine those processes only compete with them (measured here: ray.init 3.4 s -> 2.1 s,
-#: Trainer start to first run 5.5 s -> 4.6 s from a cold process).
-LOCAL_RAY_SYSTEM_CONFIG = {"prestart_worker_first_driver": False}
+        ray.init(
+            address=os.environ.get("RAY_ADDRESS") or "local",
+            include_dashboard=os.environ.get("SGD_RAY_DASHBOARD", "0") == "1",
+        )
 
 
 def wrap_train_func(train_func: Callable[..., Any], config: Any) -> Callable[[], Any]:
