@@ -70,9 +70,9 @@ def _killable(config):
     return len(rows)
 
 
-def test_worker_killed_mid_run_finishes_with_full_epochs(base_trainer):
-    # The shared trainer: Ray Data's own tasks need free CPUs beside the workers'.
-    trainer = base_trainer
+def _run_killing_rank1_at_epoch_1(trainer, dataset_config=None):
+    """Run ``_killable`` over range(10) for 4 epochs, SIGKILLing rank 1 after epoch 1.
+    Returns the run's results, how many times the datasets were split, and the rows seen."""
     seen = []
 
     class KillOnce(sgd.TrainingCallback):
@@ -93,13 +93,20 @@ def test_worker_killed_mid_run_finishes_with_full_epochs(base_trainer):
 
     trainer_module.shard_datasets = counting
     try:
-        out = trainer.run(_killable, config={"epochs": 4}, dataset=ray_data.range(10), callbacks=[KillOnce()])
+        out = trainer.run(_killable, config={"epochs": 4}, dataset=ray_data.range(10), callbacks=[KillOnce()],
+                          dataset_config=dataset_config)
     finally:
         trainer_module.shard_datasets = real
+    return out, len(made), seen
+
+
+def test_worker_killed_mid_run_finishes_with_full_epochs(base_trainer):
+    # The shared trainer: Ray Data's own tasks need free CPUs beside the workers'.
+    out, splits, seen = _run_killing_rank1_at_epoch_1(base_trainer)
     assert out == [5, 5]
     # Split at the start and once more for the restarted group: Ray Data's streaming split
     # cannot re-admit consumers once one died at its epoch barrier.
-    assert len(made) == 2
+    assert splits == 2
     assert [sorted(a + b) for a, b in seen] == [list(range(10))] * 4
 
 
@@ -144,30 +151,7 @@ def test_materialised_split_shuffles_within_shards_each_epoch(base_trainer):
 
 
 def test_materialised_shards_are_reused_after_a_worker_dies(base_trainer):
-    seen = []
-
-    class KillOnce(sgd.TrainingCallback):
-        def handle_result(self, results, **info):
-            seen.append([r["rows"] for r in results])
-            if results[0]["epoch"] == 1 and not getattr(self, "done", False):
-                self.done = True
-                os.kill(results[1]["pid"], signal.SIGKILL)
-
-    import sgd.trainer as trainer_module
-
-    made = []
-    real = trainer_module.shard_datasets
-
-    def counting(*args, **kwargs):
-        made.append(1)
-        return real(*args, **kwargs)
-
-    trainer_module.shard_datasets = counting
-    try:
-        out = base_trainer.run(_killable, config={"epochs": 4}, dataset=ray_data.range(10), callbacks=[KillOnce()],
-                               dataset_config=BULK)
-    finally:
-        trainer_module.shard_datasets = real
+    out, splits, seen = _run_killing_rank1_at_epoch_1(base_trainer, BULK)
     assert out == [5, 5]
-    assert len(made) == 1  # split once; the restarted group got the same shards
+    assert splits == 1  # split once; the restarted group got the same shards
     assert [sorted(a + b) for a, b in seen] == [list(range(10))] * 4
