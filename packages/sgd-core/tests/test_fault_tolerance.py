@@ -132,27 +132,47 @@ def test_sys_exit_zero_ends_the_function(trainer_factory):
 
 
 def _peer_lost(config):
-    """Attempt 1: rank 1 fails like a collective whose peer died, then rank 0 dies.
-    Attempt 2 (a restart): both finish."""
+    """Attempt 1: rank 1 fails like a collective whose peer died; rank 0 blocks (as if in
+    that collective) until the test kills it. Attempt 2 (a restart): both finish."""
     marker = config["marker"]
     if os.path.exists(marker + ".done"):
         return "second attempt"
     if sgd.world_rank() == 1:
-        open(marker, "w").close()
         raise RuntimeError("[gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:29500")
-    deadline = time.monotonic() + 30
-    while not os.path.exists(marker) and time.monotonic() < deadline:
-        time.sleep(0.01)  # rank 1 has raised its error
     open(marker + ".done", "w").close()
-    # Give rank 1's error a head start to the driver, the order this test is about (the run
-    # must restart whichever arrives first; without the head start it tests less, not wrongly).
-    time.sleep(0.3)
-    os.kill(os.getpid(), signal.SIGKILL)
+    with open(marker + ".pid.tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.rename(marker + ".pid.tmp", marker + ".pid")
+    import threading
+
+    threading.Event().wait()
 
 
 def test_peer_failure_error_before_the_death_is_a_restart(trainer_factory, tmp_path):
+    import threading
+
+    from sgd_testing import wait_for
+
     trainer = trainer_factory(max_retries=1)
-    assert trainer.run(_peer_lost, config={"marker": str(tmp_path / "m")}) == ["second attempt"] * 2
+    marker = str(tmp_path / "m")
+    iterator = trainer.run_iterator(_peer_lost, config={"marker": marker})
+    outcome = {}
+
+    def drive():
+        try:
+            outcome["results"] = iterator.get_final_results(force=True)
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    driver = threading.Thread(target=drive)
+    driver.start()
+    # The order under test: the driver holds rank 1's error before rank 0 dies.
+    wait_for(lambda: iterator._run._error is not None, timeout=30, message="rank 1's error never arrived")
+    pid = int(wait_for(lambda: os.path.exists(marker + ".pid") and open(marker + ".pid").read(), timeout=30))
+    os.kill(pid, signal.SIGKILL)
+    driver.join(timeout=60)
+    assert not driver.is_alive()
+    assert outcome.get("results") == ["second attempt"] * 2, outcome.get("error")
 
 
 def test_peer_failure_error_without_a_death_is_raised(trainer_factory, tmp_path, monkeypatch):

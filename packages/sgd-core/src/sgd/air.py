@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from sgd.backend import BackendConfig
 from sgd.callbacks import TrainingCallback
-from sgd.checkpoint import METADATA_FILE, Checkpoint, CheckpointStrategy
+from sgd.checkpoint import Checkpoint, CheckpointStrategy
 from sgd.data import DatasetConfig
 
 logger = logging.getLogger("sgd")
@@ -164,25 +164,21 @@ class Result:
         run = Path(path).expanduser().resolve()
         if not run.is_dir():
             raise FileNotFoundError(f"no run directory at {run}")
+        from sgd.runs import checkpoints
+
         rows = _rank0_rows(run / "results.jsonl")
+        by_iteration = {r.get("_training_iteration"): r for r in rows}
         kept = []
-        for p in sorted((run / "checkpoints").glob("checkpoint_*")):
-            try:
-                meta = json.loads((p / METADATA_FILE).read_text())
-            except (OSError, ValueError):
-                continue  # not a complete checkpoint
-            metrics = meta.get("metrics")
-            if metrics is None:  # sgd.save_checkpoint: the report it followed
-                it = meta.get("iteration", 0)
-                metrics = next((r for r in rows if r.get("_training_iteration") == it), {})
-            kept.append((int(meta.get("id", 0)), Checkpoint.from_directory(p), metrics))
-        kept.sort(key=lambda k: k[0])
+        for c in checkpoints(run):
+            # sgd.save_checkpoint stores no metrics: the report it followed stands in.
+            metrics = c["metrics"] if c["metrics"] is not None else by_iteration.get(c["iteration"], {})
+            kept.append((Checkpoint.from_directory(c["path"]), metrics))
         return cls(
             metrics=rows[-1] if rows else None,
-            checkpoint=kept[-1][1] if kept else None,
+            checkpoint=kept[-1][0] if kept else None,
             error=error,
             path=str(run),
-            best_checkpoints=[(c, m) for _, c, m in kept],
+            best_checkpoints=kept,
             _rows=rows,
         )
 

@@ -185,7 +185,7 @@ def _iteration(results: Optional[List[Dict[str, Any]]]) -> int:
 
 
 def checkpoints(run: Union[str, os.PathLike]) -> List[Dict[str, Any]]:
-    """The run's complete checkpoints, oldest first: name, id, iteration, score, time."""
+    """The run's complete checkpoints, oldest first: name, path, id, iteration, score, time, metrics."""
     folder = Path(run) / "checkpoints"
     if not folder.is_dir():
         return []
@@ -203,6 +203,7 @@ def checkpoints(run: Union[str, os.PathLike]) -> List[Dict[str, Any]]:
             "iteration": meta.get("iteration"),
             "score": meta.get("score"),
             "time": meta.get("timestamp"),
+            "metrics": meta.get("metrics"),  # the report it came with (sgd.report(checkpoint=))
         })
     return sorted(found, key=lambda c: (c["id"] if isinstance(c["id"], int) else -1, c["name"]))
 

@@ -69,15 +69,19 @@ def report(metrics: Optional[Dict[str, Any]] = None, /, *, checkpoint: Any = Non
     """
     if metrics is not None and not isinstance(metrics, dict):
         raise TypeError(f"sgd.report() takes a dict or keyword arguments, not {type(metrics).__name__}")
-    from sgd.checkpoint import Checkpoint
-
-    if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
+    if checkpoint is not None and not _is_checkpoint(checkpoint):
         if metrics is not None:
             raise TypeError(f"sgd.report(checkpoint=...) takes an sgd.Checkpoint, got {type(checkpoint).__name__}")
         # ``sgd.report(checkpoint=3)``: keyword style, a metric that happens to be called so.
         kwargs["checkpoint"], checkpoint = checkpoint, None
     data = {**metrics, **kwargs} if metrics else kwargs
     _session("report").report(data, checkpoint)
+
+
+def _is_checkpoint(value: Any) -> bool:
+    from sgd.checkpoint import Checkpoint  # only reached when a checkpoint is passed
+
+    return isinstance(value, Checkpoint)
 
 
 def get_checkpoint() -> Any:

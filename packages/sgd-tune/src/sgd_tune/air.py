@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional
 
-from sgd_tune.trainable import trial_resources
+from sgd_tune.trainable import newest_checkpoint, trial_resources
 
 #: Keys of ``param_space`` other than ``train_loop_config`` that replace a trainer argument.
 _REPLACEABLE = ("scaling_config", "run_config", "datasets", "resume_from_checkpoint")
@@ -77,7 +77,7 @@ def _run_trial(trainer: Any, tune: Any) -> None:
         )
         seen: Optional[Path] = None
         for results in iterator:
-            newest = _newest_checkpoint(sgd_trainer.latest_checkpoint_dir)
+            newest = newest_checkpoint(sgd_trainer.latest_checkpoint_dir)
             checkpoint = None
             if newest is not None and newest != seen:
                 seen = newest
@@ -86,9 +86,3 @@ def _run_trial(trainer: Any, tune: Any) -> None:
     finally:
         sgd_trainer.shutdown()
 
-
-def _newest_checkpoint(folder: Optional[Path]) -> Optional[Path]:
-    if folder is None or not folder.is_dir():
-        return None
-    found = [p for p in folder.glob("checkpoint_*") if p.is_dir()]
-    return max(found, key=lambda p: p.name, default=None)

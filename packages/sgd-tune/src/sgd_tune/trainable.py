@@ -45,6 +45,14 @@ def trial_resources(num_workers: int, resources_per_worker: Dict[str, float]) ->
     return PlacementGroupFactory(bundles, strategy="PACK")
 
 
+def newest_checkpoint(folder: Optional[Path]) -> Optional[Path]:
+    """The highest-numbered ``checkpoint_NNNNNN`` directory in ``folder`` (``None`` if none)."""
+    if folder is None or not folder.is_dir():
+        return None
+    found = [p for p in folder.iterdir() if _CHECKPOINT_DIR.match(p.name) and p.is_dir()]
+    return max(found, key=lambda p: p.name, default=None)
+
+
 class SgdTrainable(tune.Trainable):
     """Base class of the trainables ``Trainer.to_tune_trainable`` returns.
 
@@ -161,11 +169,7 @@ class SgdTrainable(tune.Trainable):
             return result
 
     def _newest_checkpoint(self) -> Optional[Path]:
-        folder = self._trainer.latest_checkpoint_dir if self._trainer is not None else None
-        if folder is None or not folder.is_dir():
-            return None
-        found = [p for p in folder.iterdir() if _CHECKPOINT_DIR.match(p.name) and p.is_dir()]
-        return max(found, key=lambda p: p.name, default=None)
+        return newest_checkpoint(self._trainer.latest_checkpoint_dir if self._trainer is not None else None)
 
     def _saw_new_checkpoint(self) -> bool:
         newest = self._newest_checkpoint()

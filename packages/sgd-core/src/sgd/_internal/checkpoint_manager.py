@@ -88,9 +88,12 @@ class CheckpointManager:
             return None
         return self._persist(state, state, iteration)
 
-    def _score(self, state: Dict[str, Any]) -> float:
-        if self.strategy.checkpoint_score_attribute == "_timestamp" and "_timestamp" not in state:
-            return self.strategy.score({"_timestamp": time.time()})
+    def _score(self, state: Dict[str, Any], iteration: int) -> float:
+        # The recency attributes rank sgd.save_checkpoint states too, which do not hold them
+        # (``_training_iteration`` is the AIR default): the report the checkpoint followed.
+        attr = self.strategy.checkpoint_score_attribute
+        if attr not in state and attr in ("_timestamp", "_training_iteration"):
+            return self.strategy.score({attr: time.time() if attr == "_timestamp" else iteration})
         return self.strategy.score(state)
 
     def register_written(self, tmp: Path, score_values: Dict[str, Any], iteration: int) -> Path:
@@ -161,12 +164,8 @@ class CheckpointManager:
         """Score, write (or finish ``written``), keep, mirror and prune the latest checkpoint.
         A bad score attribute is raised only after the checkpoint is safely written."""
         score_error: Optional[ValueError] = None
-        if self.strategy.checkpoint_score_attribute == "_training_iteration" and \
-                "_training_iteration" not in score_values:
-            # Recency for sgd.save_checkpoint states too (the AIR default ranks by iteration).
-            score_values = {**score_values, "_training_iteration": iteration + self.latest_id * 1e-6}
         try:
-            score = self._score(score_values)
+            score = self._score(score_values, iteration)
         except ValueError as exc:
             score, score_error = -math.inf, exc
         path = self._write(self.latest_id, state, score, iteration, written=written, metrics=metrics)
