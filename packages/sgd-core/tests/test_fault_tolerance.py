@@ -134,17 +134,21 @@ def test_sys_exit_zero_ends_the_function(trainer_factory):
 def _peer_lost(config):
     """Attempt 1: rank 1 fails like a collective whose peer died; rank 0 blocks (as if in
     that collective) until the test kills it. Attempt 2 (a restart): both finish."""
+    import threading
+
     marker = config["marker"]
     if os.path.exists(marker + ".done"):
         return "second attempt"
     if sgd.world_rank() == 1:
+        open(marker + ".raised", "w").close()
         raise RuntimeError("[gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:29500")
+    # Mark attempt 1 as done only once rank 1 has looked for the mark (it raises after).
+    while not os.path.exists(marker + ".raised"):
+        threading.Event().wait(0.01)
     open(marker + ".done", "w").close()
     with open(marker + ".pid.tmp", "w") as f:
         f.write(str(os.getpid()))
     os.rename(marker + ".pid.tmp", marker + ".pid")
-    import threading
-
     threading.Event().wait()
 
 
