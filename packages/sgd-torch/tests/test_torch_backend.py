@@ -132,6 +132,48 @@ def test_prepare_data_loader_shards_the_dataset(trainer):
     assert s0 != s1  # set_epoch reshuffles each pass
 
 
+def _epoch_orders(config):
+    from sgd_torch import prepare_data_loader
+
+    ds = torch.utils.data.TensorDataset(torch.arange(40))
+    loader = prepare_data_loader(torch.utils.data.DataLoader(ds, batch_size=8, shuffle=True))
+    if config["how"] == "wrapper":
+        loader.set_epoch(config["start"])
+    elif config["how"] == "sampler":  # Ray Train's way
+        loader.sampler.set_epoch(config["start"])
+    return [[int(v) for (batch,) in loader for v in batch] for _ in range(config["passes"])]
+
+
+def test_a_resumed_loader_shuffles_as_the_lost_one_would_have(trainer):
+    """A restarted training function is a new process: its loader counts epochs from 0
+    unless told where it resumes, with either set_epoch."""
+    uninterrupted = trainer.run(_epoch_orders, config={"how": None, "start": 0, "passes": 4})
+    for how in ("wrapper", "sampler"):
+        resumed = trainer.run(_epoch_orders, config={"how": how, "start": 2, "passes": 2})
+        assert [r for r in resumed] == [u[2:] for u in uninterrupted], how
+    fresh = trainer.run(_epoch_orders, config={"how": None, "start": 0, "passes": 2})
+    assert fresh[0][0] != uninterrupted[0][2]  # without it, epoch 2 would repeat epoch 0's order
+
+
+def _sampler_epoch_each_pass(config):
+    from sgd_torch import prepare_data_loader
+
+    ds = torch.utils.data.TensorDataset(torch.arange(8))
+    loader = prepare_data_loader(torch.utils.data.DataLoader(ds, batch_size=4, shuffle=True))
+    seen = []
+    for epoch in config["set"]:
+        if epoch is not None:
+            loader.sampler.set_epoch(epoch)
+        list(loader)
+        seen.append(loader.sampler.epoch)
+    return seen
+
+
+def test_the_epoch_set_on_the_sampler_wins_and_counting_goes_on_from_it(trainer):
+    seen = trainer.run(_sampler_epoch_each_pass, config={"set": [None, 7, None, 3, 3, None]})[0]
+    assert seen == [0, 7, 8, 3, 3, 4]
+
+
 def test_single_worker_is_not_wrapped(ray_cluster):
     trainer = sgd.Trainer(backend="torch", num_workers=1)
     trainer.start()

@@ -76,20 +76,44 @@ def _autocast_forward(model: torch.nn.Module, device: torch.device) -> None:
     model.forward = autocast_forward  # type: ignore[method-assign]
 
 
+class _EpochSampler(DistributedSampler):
+    """The ``DistributedSampler`` that :func:`prepare_data_loader` adds: it remembers
+    whether the training function set its epoch since the last pass."""
+
+    user_set = False
+
+    def set_epoch(self, epoch: int) -> None:
+        super().set_epoch(epoch)
+        self.user_set = True
+
+
 class _DeviceLoader:
     """A DataLoader whose batches arrive on the worker's device and whose
-    ``DistributedSampler`` gets a new epoch on every pass."""
+    ``DistributedSampler`` gets a new epoch on every pass.
+
+    The epoch counts passes over this loader, starting at 0. A training function that
+    resumes from a checkpoint in a new process sets it (``loader.set_epoch(epoch)``, or
+    Ray Train's ``loader.sampler.set_epoch(epoch)``) so the resumed epoch shuffles as the
+    lost one would have; the count goes on from there."""
 
     def __init__(self, loader: DataLoader, device: Optional[torch.device]):
         self._loader = loader
         self._device = device
         self._epoch = 0
+        sampler = getattr(loader, "sampler", None)
+        self._last_set: Optional[int] = sampler.epoch if isinstance(sampler, DistributedSampler) else None
 
     def __len__(self) -> int:
         return len(self._loader)
 
     def __getattr__(self, name: str) -> Any:
+        if name == "_loader":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
         return getattr(self._loader, name)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use ``epoch`` for the next pass (and ``epoch + 1`` for the one after)."""
+        self._epoch = epoch
 
     def _move(self, batch: Any) -> Any:
         if isinstance(batch, torch.Tensor):
@@ -103,7 +127,12 @@ class _DeviceLoader:
     def __iter__(self) -> Iterator[Any]:
         sampler = getattr(self._loader, "sampler", None)
         if isinstance(sampler, DistributedSampler):
-            sampler.set_epoch(self._epoch)
+            if getattr(sampler, "user_set", False) or sampler.epoch != self._last_set:
+                self._epoch = sampler.epoch  # set on the sampler itself since the last pass
+            DistributedSampler.set_epoch(sampler, self._epoch)
+            if isinstance(sampler, _EpochSampler):
+                sampler.user_set = False
+            self._last_set = self._epoch
         self._epoch += 1
         for batch in self._loader:
             yield self._move(batch) if self._device is not None else batch
@@ -116,11 +145,13 @@ def prepare_data_loader(
     and move batches to the worker's device.
 
     Shuffling is kept if the loader shuffled. The sampler's epoch advances on
-    every pass over the returned loader, so each epoch shuffles differently.
+    every pass over the returned loader, so each epoch shuffles differently. After a
+    restart the training function runs in a new process where the count starts at 0
+    again: call ``loader.set_epoch(epoch)`` with the epoch it resumes at.
     """
     if add_dist_sampler and _world_size() > 1 and not isinstance(data_loader.sampler, DistributedSampler):
         shuffle = isinstance(data_loader.sampler, RandomSampler)
-        sampler = DistributedSampler(
+        sampler = _EpochSampler(
             data_loader.dataset,
             num_replicas=_world_size(),
             rank=dist.get_rank(),
