@@ -174,6 +174,24 @@ def test_the_epoch_set_on_the_sampler_wins_and_counting_goes_on_from_it(trainer)
     assert seen == [0, 7, 8, 3, 3, 4]
 
 
+class _Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        import sgd
+
+        return iter(range(sgd.world_rank() * 100, sgd.world_rank() * 100 + 6))  # sharded by the user
+
+
+def _iterable_loader(config):
+    from sgd_torch import prepare_data_loader
+
+    loader = prepare_data_loader(torch.utils.data.DataLoader(_Stream(), batch_size=4))
+    return [int(v) for batch in loader for v in batch]
+
+
+def test_prepare_data_loader_leaves_an_iterable_dataset_to_its_own_sharding(trainer):
+    assert trainer.run(_iterable_loader) == [list(range(6)), list(range(100, 106))]
+
+
 def test_single_worker_is_not_wrapped(ray_cluster):
     trainer = sgd.Trainer(backend="torch", num_workers=1)
     trainer.start()

@@ -8,7 +8,7 @@ from typing import Any, Dict, Iterator, Optional
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset, RandomSampler
 
 _amp_enabled = False
 _scaler: Optional[Any] = None
@@ -76,6 +76,19 @@ def _autocast_forward(model: torch.nn.Module, device: torch.device) -> None:
     model.forward = autocast_forward  # type: ignore[method-assign]
 
 
+def to_device(batch: Any, device: torch.device) -> Any:
+    """``batch`` with every tensor in it (in lists, tuples, dicts) moved to ``device``."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True) if batch.device != device else batch
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
+        return type(batch)(*(to_device(b, device) for b in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(b, device) for b in batch)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    return batch
+
+
 class _EpochSampler(DistributedSampler):
     """The ``DistributedSampler`` that :func:`prepare_data_loader` adds: it remembers
     whether the training function set its epoch since the last pass."""
@@ -115,15 +128,6 @@ class _DeviceLoader:
         """Use ``epoch`` for the next pass (and ``epoch + 1`` for the one after)."""
         self._epoch = epoch
 
-    def _move(self, batch: Any) -> Any:
-        if isinstance(batch, torch.Tensor):
-            return batch.to(self._device, non_blocking=True)
-        if isinstance(batch, (list, tuple)):
-            return type(batch)(self._move(b) for b in batch)
-        if isinstance(batch, dict):
-            return {k: self._move(v) for k, v in batch.items()}
-        return batch
-
     def __iter__(self) -> Iterator[Any]:
         sampler = getattr(self._loader, "sampler", None)
         if isinstance(sampler, DistributedSampler):
@@ -135,7 +139,32 @@ class _DeviceLoader:
             self._last_set = self._epoch
         self._epoch += 1
         for batch in self._loader:
-            yield self._move(batch) if self._device is not None else batch
+            yield to_device(batch, self._device) if self._device is not None else batch
+
+
+def with_distributed_sampler(loader: DataLoader, world_size: int, rank: int) -> DataLoader:
+    """``loader`` rebuilt with a ``DistributedSampler`` (shuffling kept if it shuffled); returned
+    as it is when it already has one, reads an ``IterableDataset`` or has a custom batch sampler."""
+    if isinstance(loader.sampler, DistributedSampler) or isinstance(loader.dataset, IterableDataset):
+        return loader
+    if loader.batch_sampler is not None and type(loader.batch_sampler) is not BatchSampler:
+        return loader  # a custom batch sampler decides itself what each worker reads
+    sampler = _EpochSampler(loader.dataset, num_replicas=world_size, rank=rank,
+                            shuffle=isinstance(loader.sampler, RandomSampler))
+    return DataLoader(
+        loader.dataset,
+        batch_size=loader.batch_size,
+        sampler=sampler,
+        num_workers=loader.num_workers,
+        collate_fn=loader.collate_fn,
+        pin_memory=loader.pin_memory,
+        drop_last=loader.drop_last,
+        timeout=loader.timeout,
+        worker_init_fn=loader.worker_init_fn,
+        generator=loader.generator,
+        prefetch_factor=loader.prefetch_factor if loader.num_workers > 0 else None,
+        persistent_workers=loader.persistent_workers,
+    )
 
 
 def prepare_data_loader(
@@ -149,28 +178,8 @@ def prepare_data_loader(
     restart the training function runs in a new process where the count starts at 0
     again: call ``loader.set_epoch(epoch)`` with the epoch it resumes at.
     """
-    if add_dist_sampler and _world_size() > 1 and not isinstance(data_loader.sampler, DistributedSampler):
-        shuffle = isinstance(data_loader.sampler, RandomSampler)
-        sampler = _EpochSampler(
-            data_loader.dataset,
-            num_replicas=_world_size(),
-            rank=dist.get_rank(),
-            shuffle=shuffle,
-        )
-        data_loader = DataLoader(
-            data_loader.dataset,
-            batch_size=data_loader.batch_size,
-            sampler=sampler,
-            num_workers=data_loader.num_workers,
-            collate_fn=data_loader.collate_fn,
-            pin_memory=data_loader.pin_memory,
-            drop_last=data_loader.drop_last,
-            timeout=data_loader.timeout,
-            worker_init_fn=data_loader.worker_init_fn,
-            generator=data_loader.generator,
-            prefetch_factor=data_loader.prefetch_factor if data_loader.num_workers > 0 else None,
-            persistent_workers=data_loader.persistent_workers,
-        )
+    if add_dist_sampler and _world_size() > 1:
+        data_loader = with_distributed_sampler(data_loader, _world_size(), dist.get_rank())
     device = get_device()
     return _DeviceLoader(data_loader, device if move_to_device and device.type != "cpu" else None)
 

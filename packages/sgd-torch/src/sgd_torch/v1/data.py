@@ -9,7 +9,9 @@ import tempfile
 from typing import Any, Iterable, Iterator, List, Optional, Sequence
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, IterableDataset, RandomSampler
+from torch.utils.data import Dataset, DistributedSampler
+
+from sgd_torch.train_loop_utils import to_device
 
 
 def as_list(value: Any) -> List[Any]:
@@ -24,17 +26,6 @@ def as_list(value: Any) -> List[Any]:
 def one_or_list(values: Sequence[Any]) -> Any:
     """v1's convention: the object itself when there is one, else the list."""
     return values[0] if len(values) == 1 else list(values)
-
-
-def to_device(batch: Any, device: torch.device) -> Any:
-    """``batch`` with every tensor in it (in lists, tuples, dicts) moved to ``device``."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True) if batch.device != device else batch
-    if isinstance(batch, (list, tuple)) and not hasattr(batch, "_fields"):
-        return type(batch)(to_device(b, device) for b in batch)
-    if isinstance(batch, dict):
-        return {k: to_device(v, device) for k, v in batch.items()}
-    return batch
 
 
 def batch_size(value: Any) -> int:
@@ -129,28 +120,3 @@ def split_loaders(loaders: Any) -> Any:
             f"data_creator returned {len(loaders)} objects; return a train loader or (train_loader, validation_loader)"
         )
     return loaders, None
-
-
-def with_distributed_sampler(loader: DataLoader, world_size: int, rank: int) -> DataLoader:
-    """``loader`` rebuilt with a ``DistributedSampler`` (shuffling kept if it shuffled); returned
-    as it is when it already has one, reads an ``IterableDataset`` or has a custom batch sampler."""
-    if isinstance(loader.sampler, DistributedSampler) or isinstance(loader.dataset, IterableDataset):
-        return loader
-    if loader.batch_sampler is not None and type(loader.batch_sampler) is not BatchSampler:
-        return loader  # a custom batch sampler decides itself what each worker reads
-    sampler: DistributedSampler[int] = DistributedSampler(loader.dataset, num_replicas=world_size, rank=rank,
-                                                         shuffle=isinstance(loader.sampler, RandomSampler))
-    return DataLoader(
-        loader.dataset,
-        batch_size=loader.batch_size,
-        sampler=sampler,
-        num_workers=loader.num_workers,
-        collate_fn=loader.collate_fn,
-        pin_memory=loader.pin_memory,
-        drop_last=loader.drop_last,
-        timeout=loader.timeout,
-        worker_init_fn=loader.worker_init_fn,
-        generator=loader.generator,
-        prefetch_factor=loader.prefetch_factor if loader.num_workers > 0 else None,
-        persistent_workers=loader.persistent_workers,
-    )

@@ -23,14 +23,13 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
+from sgd_torch.train_loop_utils import to_device, with_distributed_sampler
 from sgd_torch.v1.data import (
     Batches,
     EpochLoader,
     as_list,
     batch_size,
     one_or_list,
-    to_device,
-    with_distributed_sampler,
 )
 from sgd_torch.v1.fp16 import Amp, warn_apex_args
 from sgd_torch.v1.metrics import NUM_SAMPLES, Meters
