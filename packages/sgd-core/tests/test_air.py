@@ -14,7 +14,7 @@ import ray
 
 import sgd
 from sgd import CheckpointConfig, DataParallelTrainer, FailureConfig, RunConfig, ScalingConfig
-from sgd_testing import wait_for
+from sgd_testing import KillWorker, wait_for
 
 
 def counting_loop(config):
@@ -129,18 +129,8 @@ def test_failing_loop_sets_result_error(ray_cluster, tmp_path):
     assert json.loads(Path(result.path, "status.json").read_text())["status"] == "ERRORED"
 
 
-class KillRank1Once(sgd.TrainingCallback):
-    def __init__(self):
-        self.killed = False
-
-    def handle_result(self, results, **info):
-        if not self.killed and results[0]["epoch"] == 1:
-            self.killed = True
-            os.kill(results[1]["pid"], signal.SIGKILL)
-
-
 def test_worker_killed_with_max_failures_finishes_without_duplicate_rows(ray_cluster, tmp_path):
-    killer = KillRank1Once()
+    killer = KillWorker(at=1)
     result = DataParallelTrainer(
         counting_loop, train_loop_config={"epochs": 5, "all_ranks": True},
         scaling_config=ScalingConfig(num_workers=2),
@@ -159,7 +149,7 @@ def test_worker_killed_without_retries_is_an_error(ray_cluster, tmp_path):
     result = DataParallelTrainer(
         counting_loop, train_loop_config={"epochs": 5, "all_ranks": True},
         scaling_config=ScalingConfig(num_workers=2),
-        run_config=RunConfig(storage_path=str(tmp_path), callbacks=[KillRank1Once()]),
+        run_config=RunConfig(storage_path=str(tmp_path), callbacks=[KillWorker(at=1)]),
     ).fit()
     assert isinstance(result.error, sgd.TrainingFailedError)
     assert "max_retries=0" in str(result.error)

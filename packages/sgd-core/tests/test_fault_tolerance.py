@@ -7,6 +7,7 @@ import time
 import pytest
 
 import sgd
+from sgd_testing import KillWorker
 
 
 def _deterministic(config):
@@ -19,25 +20,6 @@ def _deterministic(config):
         sgd.report(step=step, w=w, pid=os.getpid(), rank=sgd.world_rank())
         sgd.save_checkpoint(step=step, w=w)
     return w
-
-
-class Killer(sgd.TrainingCallback):
-    """Kills rank ``rank``'s process with SIGKILL when a round reaches one of ``at_steps``."""
-
-    def __init__(self, at_steps, rank=1):
-        self.at_steps = set(at_steps)
-        self.rank = rank
-        self.steps = []
-        self.killed = []
-
-    def handle_result(self, results, **info):
-        step = results[0]["step"]
-        self.steps.append((step, results[0]["_training_iteration"]))
-        if step in self.at_steps:
-            self.at_steps.discard(step)
-            pid = results[self.rank]["pid"]
-            os.kill(pid, signal.SIGKILL)
-            self.killed.append(pid)
 
 
 @pytest.fixture
@@ -70,13 +52,13 @@ def test_restart_resumes_from_latest_checkpoint(trainer_factory):
 
     trainer = sgd.Trainer(backend=Watching(), num_workers=2, max_retries=3)
     trainer.start()
-    killer = Killer(at_steps=[3, 6])
+    killer = KillWorker(at=[3, 6], key="step")
     start = time.monotonic()
     assert trainer.run(_deterministic, config={"steps": 8}, callbacks=[killer]) == expected
     assert len(killer.killed) == 2
     # Every step reached the callbacks exactly once, in order, with the iteration counter
     # continuing across restarts.
-    assert killer.steps == [(s, s) for s in range(1, 9)]
+    assert list(zip(killer.values("step"), killer.values("_training_iteration"))) == [(s, s) for s in range(1, 9)]
     assert time.monotonic() - start < 60
     names = sorted(p.name for p in trainer.latest_checkpoint_dir.iterdir())
     assert names == [f"checkpoint_{i:06d}" for i in range(1, 9)]
@@ -87,7 +69,7 @@ def test_restart_resumes_from_latest_checkpoint(trainer_factory):
 def test_gives_up_after_max_retries(trainer_factory):
     trainer = trainer_factory(max_retries=1)
     with pytest.raises(sgd.TrainingFailedError, match=r"after 2 attempts \(max_retries=1\)") as info:
-        trainer.run(_deterministic, config={"steps": 10}, callbacks=[Killer(at_steps=[2, 4])])
+        trainer.run(_deterministic, config={"steps": 10}, callbacks=[KillWorker(at=[2, 4], key="step")])
     assert isinstance(info.value.__cause__, sgd.WorkerDiedError)
     assert "worker rank 1 died" in str(info.value)
     # The trainer is usable again afterwards.
@@ -97,7 +79,7 @@ def test_gives_up_after_max_retries(trainer_factory):
 def test_default_is_no_silent_loss_without_retries(trainer_factory):
     trainer = trainer_factory(max_retries=0)
     with pytest.raises(sgd.TrainingFailedError, match="after 1 attempt "):
-        trainer.run(_deterministic, config={"steps": 5}, callbacks=[Killer(at_steps=[2])])
+        trainer.run(_deterministic, config={"steps": 5}, callbacks=[KillWorker(at=[2], key="step")])
     # The checkpoints that reached the driver are on disk: checkpoint 1 came before report 2
     # (whether checkpoint 2's round completed before the kill is a race).
     names = sorted(p.name for p in trainer.latest_checkpoint_dir.iterdir())

@@ -6,7 +6,6 @@ a worker killed mid-run, and bad configuration.
 """
 
 import os
-import signal
 import socket
 
 import pytest
@@ -15,6 +14,7 @@ import ray
 import sgd
 from sgd_horovod import HorovodConfig
 from sgd_horovod.config import rendezvous_service
+from sgd_testing import KillWorker
 
 pytestmark = pytest.mark.usefixtures("requires_horovod")
 
@@ -203,22 +203,6 @@ def test_stateful_class_through_to_worker_group(ray_cluster):
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
 
 
-class _KillRank1(sgd.TrainingCallback):
-    """SIGKILLs rank 1's process once, when the report of epoch ``at_epoch`` arrives."""
-
-    def __init__(self, at_epoch):
-        self.at_epoch = at_epoch
-        self.killed = []
-        self.epochs = []
-
-    def handle_result(self, results, **info):
-        self.epochs.append(results[0]["epoch"])
-        if results[0]["epoch"] == self.at_epoch and not self.killed:
-            pid = int(results[1]["pid"])
-            os.kill(pid, signal.SIGKILL)
-            self.killed.append(pid)
-
-
 def _resumable(config):
     import horovod.torch as hvd
     import torch
@@ -236,7 +220,7 @@ def _resumable(config):
 
 
 def test_worker_killed_mid_run_resumes_with_a_new_rendezvous(ray_cluster):
-    killer = _KillRank1(at_epoch=1)
+    killer = KillWorker(at=1)
     trainer = sgd.Trainer(backend="horovod", num_workers=2, max_retries=1)
     trainer.start()
     try:
@@ -248,7 +232,7 @@ def test_worker_killed_mid_run_resumes_with_a_new_rendezvous(ray_cluster):
     finally:
         trainer.shutdown()
     assert killer.killed
-    assert killer.epochs == [0, 1, 2, 3, 4]  # every epoch delivered once, in order
+    assert killer.values("epoch") == [0, 1, 2, 3, 4]  # every epoch delivered once, in order
     starts = [r[0] for r in results]
     assert starts[0] == starts[1] >= 1  # resumed from a checkpoint, not from scratch
     assert [r[1] for r in results] == [10.0, 10.0]  # 2 per epoch, 5 epochs, nothing lost or doubled

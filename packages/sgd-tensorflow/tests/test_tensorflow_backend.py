@@ -3,13 +3,13 @@ checkpoints that load on the driver, datasets, a single worker, and a worker kil
 
 import json
 import os
-import signal
 
 import numpy as np
 import pytest
 
 import sgd
 from sgd_tensorflow import TensorflowConfig
+from sgd_testing import KillWorker
 
 
 @pytest.fixture(scope="module")
@@ -142,22 +142,6 @@ def test_single_worker_without_strategy(ray_cluster):
     assert len(results) == 1 and len(results[0]) == 2
 
 
-class _KillRank1(sgd.TrainingCallback):
-    """SIGKILLs rank 1's process once, when the report of epoch ``at_epoch`` arrives."""
-
-    def __init__(self, at_epoch):
-        self.at_epoch = at_epoch
-        self.killed = []
-        self.epochs = []
-
-    def handle_result(self, results, **info):
-        self.epochs.append(results[0]["epoch"])
-        if results[0]["epoch"] == self.at_epoch and not self.killed:
-            pid = int(results[1]["pid"])
-            os.kill(pid, signal.SIGKILL)
-            self.killed.append(pid)
-
-
 def test_worker_killed_mid_fit_resumes_from_last_weights(ray_cluster):
     def train_func(config):
         import tensorflow as tf
@@ -181,7 +165,7 @@ def test_worker_killed_mid_fit_resumes_from_last_weights(ray_cluster):
             AddPid(), sgd_tensorflow.ReportCheckpointCallback(checkpoint_on="epoch_end")])
         return initial_epoch, history.history["loss"], model.get_weights()
 
-    killer = _KillRank1(at_epoch=1)
+    killer = KillWorker(at=1)
     trainer = sgd.Trainer(backend="tensorflow", num_workers=2, max_retries=2)
     trainer.start()
     try:
@@ -189,7 +173,7 @@ def test_worker_killed_mid_fit_resumes_from_last_weights(ray_cluster):
     finally:
         trainer.shutdown()
     assert killer.killed
-    assert killer.epochs == [0, 1, 2, 3]  # every epoch delivered once, in order
+    assert killer.values("epoch") == [0, 1, 2, 3]  # every epoch delivered once, in order
     initial_epoch, losses, weights = results[0]
     assert initial_epoch >= 1  # resumed from a checkpoint, not from scratch
     assert len(losses) == 4 - initial_epoch

@@ -8,6 +8,7 @@ import torch
 
 import sgd
 from sgd import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from sgd_testing import KillWorker
 
 
 def test_seed_snippet(ray_cluster, results_dir):
@@ -96,15 +97,7 @@ def test_torch_trainer_argument_errors():
 def test_failure_config_restarts_torch_workers(ray_cluster, tmp_path):
     from sgd_torch import TorchTrainer
 
-    class KillOnce(sgd.TrainingCallback):
-        killed = False
-
-        def handle_result(self, results, **info):
-            if not self.killed and results[0]["epoch"] == 2:
-                self.killed = True
-                os.kill(results[0]["pid"], 9)
-
-    killer = KillOnce()
+    killer = KillWorker(at=2, rank=0)
     result = TorchTrainer(ddp_loop, {"epochs": 5}, ScalingConfig(num_workers=2),
                           run_config=RunConfig(storage_path=str(tmp_path), callbacks=[killer],
                                                failure_config=FailureConfig(max_failures=1))).fit()
