@@ -1,16 +1,12 @@
 """A driver killed with SIGKILL mid-run; Trainer.restore continues the run from its directory."""
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import textwrap
 
 import ray
 
 import sgd
-from sgd_testing import wait_for
+from sgd_testing import sigkill_when
 
 TRAIN_FUNC = '''
 import os, threading
@@ -42,16 +38,9 @@ def test_restore_after_driver_sigkill(ray_cluster, tmp_path):
         trainer.start()
         trainer.run(deterministic, config={{"steps": 8, "block_at": 4}})
     """)
-    proc = subprocess.Popen([sys.executable, "-c", script])
     run_dir = tmp_path / "exp" / "run_001"
-    try:
-        wait_for(lambda: (run_dir / "checkpoints" / "checkpoint_000004").is_dir(), timeout=120,
+    sigkill_when(script, lambda: (run_dir / "checkpoints" / "checkpoint_000004").is_dir(),
                  message="the driver never wrote checkpoint 4")
-        os.kill(proc.pid, signal.SIGKILL)
-        assert proc.wait(timeout=30) == -signal.SIGKILL
-    finally:
-        if proc.poll() is None:
-            proc.kill()
 
     trainer = sgd.Trainer.restore(run_dir)
     assert trainer.num_workers == 2 and trainer.backend_config.name == "base"

@@ -2,9 +2,6 @@
 
 import json
 import os
-import signal
-import subprocess
-import sys
 import tempfile
 import textwrap
 from pathlib import Path
@@ -14,7 +11,7 @@ import ray
 
 import sgd
 from sgd import CheckpointConfig, DataParallelTrainer, FailureConfig, RunConfig, ScalingConfig
-from sgd_testing import KillWorker, wait_for
+from sgd_testing import KillWorker, sigkill_when
 
 
 def counting_loop(config):
@@ -196,16 +193,9 @@ def test_restore_continues_a_run_whose_driver_died(ray_cluster, tmp_path):
                             scaling_config=ScalingConfig(num_workers=2),
                             run_config=RunConfig(name="exp", storage_path={str(tmp_path)!r})).fit()
     """)
-    proc = subprocess.Popen([sys.executable, "-c", script])
     run_dir = tmp_path / "exp" / "run_001"
-    try:
-        wait_for(lambda: (run_dir / "checkpoints" / "checkpoint_000003").is_dir(), timeout=120,
+    sigkill_when(script, lambda: (run_dir / "checkpoints" / "checkpoint_000003").is_dir(),
                  message="the driver never wrote checkpoint 3")
-        os.kill(proc.pid, signal.SIGKILL)
-        assert proc.wait(timeout=30) == -signal.SIGKILL
-    finally:
-        if proc.poll() is None:
-            proc.kill()
 
     assert DataParallelTrainer.can_restore(run_dir)
     with pytest.raises(TypeError, match="unexpected argument 'bogus'"):

@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import signal
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
 from sgd_loggers import CSVLoggerCallback, JsonLoggerCallback
-from sgd_testing import wait_for
+from sgd_testing import sigkill_when
 
 
 def run_callback(cb, run_dir, rounds, config=None, check=None):
@@ -81,7 +77,6 @@ def test_json_killed_writer_leaves_valid_file(tmp_path):
             cb.handle_result([{{"_training_iteration": it, "rank": r, "x": list(range(200))}} for r in range(4)])
         """
     )
-    proc = subprocess.Popen([sys.executable, "-c", script])
     path = tmp_path / "results.json"
 
     def many_rounds():
@@ -90,11 +85,7 @@ def test_json_killed_writer_leaves_valid_file(tmp_path):
         except (OSError, ValueError):  # not created yet, or read while a write is in flight
             return False
 
-    try:
-        wait_for(many_rounds, timeout=60, message="the writer did not get to 300 rounds")
-    finally:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
+    sigkill_when(script, many_rounds, timeout=60, message="the writer did not get to 300 rounds")
     data = json.loads(path.read_bytes())
     assert len(data) >= 300
     assert [r[0]["_training_iteration"] for r in data] == list(range(1, len(data) + 1))

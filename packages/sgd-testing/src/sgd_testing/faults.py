@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import Any, Dict, Iterable, List, Union
+import subprocess
+import sys
+from typing import Any, Callable, Dict, Iterable, List, Union
 
 import sgd
+from sgd_testing.fixtures import wait_for
 
 
 class KillWorker(sgd.TrainingCallback):
@@ -41,3 +44,21 @@ class KillWorker(sgd.TrainingCallback):
             pid = int(results[self.rank]["pid"])
             os.kill(pid, signal.SIGKILL)
             self.killed.append(pid)
+
+
+def sigkill_when(script: str, condition: Callable[[], Any], *, timeout: float = 120.0, message: str = "") -> None:
+    """Run ``script`` in a Python process of its own and SIGKILL it once ``condition()``
+    is true: a driver (or writer) dying at a chosen point, with no chance to clean up.
+
+    :raises AssertionError: ``condition`` did not hold within ``timeout`` seconds (the
+        process is killed all the same), or the process ended before the kill.
+    """
+    proc = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        wait_for(lambda: condition() or proc.poll() is not None, timeout=timeout,
+                 message=message or f"condition not met within {timeout}s")
+        assert proc.poll() is None, f"the script ended with exit code {proc.returncode} before the kill"
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
