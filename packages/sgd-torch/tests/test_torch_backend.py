@@ -174,6 +174,73 @@ def test_the_epoch_set_on_the_sampler_wins_and_counting_goes_on_from_it(trainer)
     assert seen == [0, 7, 8, 3, 3, 4]
 
 
+def _mlp():
+    return torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+
+
+def _fsdp_regression(config):
+    from sgd_torch import prepare_model
+
+    torch.manual_seed(0)
+    model = _mlp()
+    full = sum(p.numel() for p in model.parameters())
+    model = prepare_model(model, parallel_strategy="fsdp")
+    local = sum(p.numel() for p in model.parameters())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(sgd.world_rank())
+    x = torch.randn(64, 8, generator=g)
+    y = x.sum(1, keepdim=True)
+    losses = []
+    for _ in range(40):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    state = model.state_dict()  # every worker calls it: it gathers the shards
+    sgd.save_checkpoint(model=state)
+    return type(model).__name__, full, local, losses, state
+
+
+def test_fsdp_shards_the_model_and_checkpoints_a_whole_one(trainer):
+    (name, full, local0, losses0, state0), (_, _, local1, losses1, state1) = trainer.run(_fsdp_regression)
+    assert name == "FullyShardedDataParallel"
+    assert local0 + local1 <= full + 2 and max(local0, local1) < full  # each holds about half
+    assert losses0[-1] < losses0[0] / 4 and losses1[-1] < losses1[0] / 4
+    assert state0.keys() == state1.keys()
+    assert all(torch.equal(state0[k], state1[k]) for k in state0)
+    plain = _mlp()
+    plain.load_state_dict(trainer.latest_checkpoint["model"])  # strict: the keys of the plain model
+    assert all(torch.equal(plain.state_dict()[k], state0[k]) for k in state0)
+
+
+def _checkpoints_the_fsdp_module(config):
+    from sgd_torch import prepare_model
+
+    model = prepare_model(_mlp(), parallel_strategy="fsdp")
+    sgd.save_checkpoint(model=model)
+
+
+def test_an_fsdp_module_in_a_checkpoint_is_refused_with_the_way_out(trainer):
+    with pytest.raises(TypeError, match=r"model.state_dict\(\)"):
+        trainer.run(_checkpoints_the_fsdp_module)
+    assert trainer.run(lambda: sgd.world_rank()) == [0, 1]  # the trainer is still usable
+
+
+def _wrapper_of(config):
+    from sgd_torch import prepare_model
+
+    return type(prepare_model(_mlp(), **config)).__name__
+
+
+def test_parallel_strategy_names(trainer):
+    assert trainer.run(_wrapper_of, config={})[0] == "DistributedDataParallel"
+    assert trainer.run(_wrapper_of, config={"parallel_strategy": None})[0] == "Sequential"
+    assert trainer.run(_wrapper_of, config={"wrap_ddp": False})[0] == "Sequential"
+    with pytest.raises(ValueError, match="'ddp', 'fsdp' or None"):
+        trainer.run(_wrapper_of, config={"parallel_strategy": "zero3"})
+
+
 class _Stream(torch.utils.data.IterableDataset):
     def __iter__(self):
         import sgd
@@ -306,6 +373,21 @@ def test_accelerate_helpers_without_amp_are_plain_torch(trainer):
         return wrapped is opt, bool(torch.equal(before, model.module.weight.detach()))
 
     assert trainer.run(train_func) == [(True, False), (True, False)]
+
+
+def _amp_forward(config):
+    from sgd_torch import accelerate, prepare_model
+
+    if config["amp"]:
+        accelerate(amp=True)
+    model = prepare_model(torch.nn.Linear(3, 1))
+    return str(model(torch.ones(2, 3)).dtype)
+
+
+def test_accelerate_amp_on_cpu_runs_the_forward_in_bfloat16_for_that_run_only(trainer):
+    assert trainer.run(_amp_forward, config={"amp": True}) == ["torch.bfloat16"] * 2
+    # The workers outlive the run; the next training function starts without mixed precision.
+    assert trainer.run(_amp_forward, config={"amp": False}) == ["torch.float32"] * 2
 
 
 def test_torch_checkpoints_are_torch_files_loaded_safely(trainer, tmp_path):

@@ -98,6 +98,15 @@ def _destroy_process_group() -> None:
         dist.destroy_process_group()
 
 
+def _between_runs(destroy_group: bool) -> None:
+    """Forget what the previous run's training function set in this worker process."""
+    helpers = sys.modules.get("sgd_torch.train_loop_utils")
+    if helpers is not None:
+        helpers.accelerate(amp=False)  # a run that wants mixed precision asks again
+    if destroy_group:
+        _destroy_process_group()
+
+
 # --- driver side -----------------------------------------------------------------
 
 
@@ -158,10 +167,9 @@ class _TorchBackend(Backend):
 
     def on_training_start(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
         assert isinstance(backend_config, TorchConfig)
-        if not backend_config.init_process_group:
-            # The previous run's code may have left its own group: the next run's
-            # init_process_group would fail with "already initialized".
-            worker_group.execute(_destroy_process_group)
+        # Without sgd's group, the previous run's code may have left its own: the next
+        # run's init_process_group would fail with "already initialized".
+        worker_group.execute(_between_runs, not backend_config.init_process_group)
 
     def on_shutdown(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
         worker_group.execute(_destroy_process_group)
@@ -258,6 +266,14 @@ def _module_to_cpu(module: Any) -> Any:
 
     if isinstance(module, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
         module = module.module
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    if isinstance(module, FullyShardedDataParallel):
+        raise TypeError(
+            "an FSDP model holds only this worker's shard and cannot travel whole: put "
+            "model.state_dict() in the report or checkpoint instead, called on every worker "
+            "(it gathers the shards)"
+        )
     on_device = any(t.device.type != "cpu" for t in list(module.parameters()) + list(module.buffers()))
     # Copy rather than move: the worker keeps training its model on its device.
     return copy.deepcopy(module).cpu() if on_device else module

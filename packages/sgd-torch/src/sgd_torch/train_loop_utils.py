@@ -37,28 +37,54 @@ def get_device() -> torch.device:
     return torch.device("cpu")
 
 
+PARALLEL_STRATEGIES = ("ddp", "fsdp", None)
+
+
 def prepare_model(
     model: torch.nn.Module,
     move_to_device: bool = True,
     wrap_ddp: bool = True,
     ddp_kwargs: Optional[Dict[str, Any]] = None,
+    *,
+    parallel_strategy: Optional[str] = "ddp",
+    parallel_strategy_kwargs: Optional[Dict[str, Any]] = None,
 ) -> torch.nn.Module:
-    """Move ``model`` to this worker's device and wrap it in ``DistributedDataParallel``
-    when more than one worker takes part."""
+    """Move ``model`` to this worker's device and, when more than one worker takes part,
+    wrap it for data-parallel training.
+
+    :param parallel_strategy: ``"ddp"`` (``DistributedDataParallel``: every worker holds the
+        whole model), ``"fsdp"`` (``FullyShardedDataParallel``: parameters, gradients and
+        optimizer state sharded across the workers), or ``None`` (no wrapper), as in Ray Train.
+    :param parallel_strategy_kwargs: keyword arguments for the wrapper's constructor.
+    :param wrap_ddp: Ray SGD's switch: ``False`` is ``parallel_strategy=None``.
+    :param ddp_kwargs: Ray SGD's name for ``parallel_strategy_kwargs`` of DDP.
+    :raises ValueError: an unknown ``parallel_strategy``.
+    """
+    if parallel_strategy not in PARALLEL_STRATEGIES:
+        raise ValueError(
+            f"parallel_strategy={parallel_strategy!r} is not one of 'ddp', 'fsdp' or None"
+        )
+    if not wrap_ddp:
+        parallel_strategy = None
+    kwargs = dict(ddp_kwargs or {}, **(parallel_strategy_kwargs or {}))
     device = get_device()
     if move_to_device:
         model = model.to(device)
     if _amp_enabled:
         _autocast_forward(model, device)
-    if wrap_ddp and _world_size() > 1:
-        from torch.nn.parallel import DistributedDataParallel
+    if parallel_strategy is None or _world_size() <= 1:
+        return model
+    if parallel_strategy == "fsdp":
+        from torch.distributed.fsdp import FullyShardedDataParallel
 
-        kwargs = dict(ddp_kwargs or {})
-        if device.type == "cuda":
-            kwargs.setdefault("device_ids", [device.index])
-            kwargs.setdefault("output_device", device.index)
-        model = DistributedDataParallel(model, **kwargs)
-    return model
+        kwargs.setdefault("device_id", device)
+        return FullyShardedDataParallel(model, **kwargs)
+    from torch.nn.parallel import DistributedDataParallel
+
+    if device.type == "cuda":
+        kwargs.setdefault("device_ids", [device.index])
+        kwargs.setdefault("output_device", device.index)
+    return DistributedDataParallel(model, **kwargs)
 
 
 def _autocast_forward(model: torch.nn.Module, device: torch.device) -> None:
