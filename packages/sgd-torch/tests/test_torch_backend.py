@@ -332,6 +332,32 @@ def test_encode_data_leaves_plain_values_alone():
     assert not out["t"][0].requires_grad
 
 
+def test_get_devices_on_cpu_is_the_cpu(trainer):
+    def train_func():
+        from sgd_torch import get_device, get_devices
+
+        return [str(d) for d in get_devices()], str(get_device())
+
+    assert trainer.run(train_func) == [(["cpu"], "cpu")] * 2
+
+
+@pytest.mark.gpu
+def test_two_gpus_per_worker_are_both_its_devices(ray_cluster):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two CUDA GPUs")
+    trainer = sgd.Trainer(backend="torch", num_workers=1, use_gpu=True, resources_per_worker={"GPU": 2})
+    trainer.start()
+    try:
+        def train_func():
+            from sgd_torch import get_device, get_devices
+
+            return [str(d) for d in get_devices()], str(get_device())
+
+        assert trainer.run(train_func) == [(["cuda:0", "cuda:1"], "cuda:0")]
+    finally:
+        trainer.shutdown()
+
+
 @pytest.mark.gpu
 def test_gpu_workers_share_devices_and_use_nccl(ray_cluster):
     n = torch.cuda.device_count()

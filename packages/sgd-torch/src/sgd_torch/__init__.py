@@ -13,6 +13,7 @@ _LAZY = {
     "backward",
     "enable_reproducibility",
     "get_device",
+    "get_devices",
     "prepare_data_loader",
     "prepare_model",
     "prepare_optimizer",

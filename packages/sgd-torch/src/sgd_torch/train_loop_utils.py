@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import random
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -35,6 +35,19 @@ def get_device() -> torch.device:
     if own or visible:
         return torch.device("cuda", 0)
     return torch.device("cpu")
+
+
+def get_devices() -> List[torch.device]:
+    """All of this worker's devices: each GPU Ray gave it (several with
+    ``resources_per_worker={"GPU": 2}``), in order, else ``[cpu]``. The first is
+    :func:`get_device`."""
+    if not torch.cuda.is_available():
+        return [torch.device("cpu")]
+    own = [g for g in os.environ.get("SGD_OWN_GPU_IDS", "").split(",") if g]
+    visible = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g]
+    if own and visible and all(g in visible for g in own):
+        return [torch.device("cuda", visible.index(g)) for g in own]
+    return [get_device()]
 
 
 PARALLEL_STRATEGIES = ("ddp", "fsdp", None)
