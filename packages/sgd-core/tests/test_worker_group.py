@@ -62,6 +62,27 @@ def test_actor_cls_methods_and_plain_functions_share_the_process(ray_cluster):
         wg.shutdown()
 
 
+class _BrokenExecutable:
+    def __init__(self, x):
+        raise ValueError(f"x={x} is not allowed")
+
+
+def test_actor_cls_that_raises_in_init_is_reraised_with_its_type(ray_cluster):
+    total = ray.cluster_resources()["CPU"]
+    with pytest.raises(ValueError, match="x=3 is not allowed"):
+        sgd.WorkerGroup(num_workers=2, actor_cls=_BrokenExecutable, actor_cls_args=(3,))
+    trainer = sgd.Trainer(backend=sgd.BackendConfig(), num_workers=2)
+    with pytest.raises(ValueError, match="x=4 is not allowed"):
+        trainer.to_worker_group(_BrokenExecutable, 4)
+    # Nothing stays reserved, and the trainer can still start.
+    wait_for(lambda: ray.available_resources().get("CPU", 0) >= total, timeout=30)
+    wg = trainer.to_worker_group(Executable, 1)
+    try:
+        assert ray.get([w.train.remote(epoch=0) for w in wg]) == [(1, 0, 2), (1, 1, 2)]
+    finally:
+        wg.shutdown()
+
+
 def test_lifecycle_errors(ray_cluster):
     wg = sgd.WorkerGroup(num_workers=1)
     with pytest.raises(RuntimeError, match="already running"):

@@ -154,6 +154,9 @@ class WorkerGroup:
                 self._wait_for_placement(bundle)
             self._start_actors()
         except BaseException:
+            for actor in self.workers:  # asked for but never running: not a group
+                ray.kill(actor, no_restart=True)
+            self.workers = []
             self._release()
             raise
 
@@ -198,14 +201,22 @@ class WorkerGroup:
         if self._preload_modules:
             self.preload(self._preload_modules)  # overlaps the framework import with what follows
         timeout = self._placement_timeout_s or placement_timeout_s()
-        try:
-            # Bounded: a reservation on a lost node may never be honoured.
-            metadata = ray.get([a._sgd_metadata.remote() for a in actors], timeout=timeout)
-        except ray.exceptions.GetTimeoutError as exc:
+        refs = [a._sgd_metadata.remote() for a in actors]
+        # Bounded: a reservation on a lost node may never be honoured.
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        if len(ready) < len(refs):
             raise ResourcesUnavailableError(
                 f"{self.num_workers} workers did not start within {timeout:.0f}s (a node of the "
                 "reservation may be gone)."
-            ) from exc
+            )
+        metadata, errors = [], []
+        for ref in refs:  # every one read, so Ray logs no "unhandled error" for the rest
+            try:
+                metadata.append(ray.get(ref))
+            except Exception as exc:  # actor_cls(...) raised: re-raised with its type
+                errors.append(exc)
+        if errors:
+            raise errors[0]
         self._assign_ranks(actors, metadata)
 
     def _assign_ranks(self, actors: List[Any], metadata: List[WorkerMetadata]) -> None:

@@ -35,6 +35,9 @@ class WorkerMixin:
 
     @ray.method(concurrency_group=CONTROL_GROUP)
     def _sgd_metadata(self) -> WorkerMetadata:
+        init_error = getattr(self, "_sgd_init_error", None)
+        if init_error is not None:
+            raise init_error  # actor_cls(...) failed: the driver gets its type and traceback
         return WorkerMetadata(
             node_id=ray.get_runtime_context().get_node_id(),
             node_ip=ray.util.get_node_ip_address(),
@@ -103,6 +106,19 @@ class _PlainWorker(WorkerMixin):
 _REMOTE_CLASSES: Dict[Any, Any] = {}
 
 
+def _keeping_init_error(actor_cls: type) -> Callable[..., None]:
+    """``actor_cls.__init__`` that keeps its exception instead of killing the actor, so the
+    driver can raise it with its own type (Ray would report an ``ActorDiedError``)."""
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            actor_cls.__init__(self, *args, **kwargs)  # type: ignore[misc]
+        except Exception as exc:
+            self._sgd_init_error = exc
+
+    return __init__
+
+
 def remote_worker_class(actor_cls: Optional[type]) -> Any:
     """The Ray actor class for workers; with ``actor_cls``, a subclass of it and the mixin."""
     key = actor_cls or _PlainWorker
@@ -115,7 +131,8 @@ def remote_worker_class(actor_cls: Optional[type]) -> Any:
             if isinstance(actor_cls, ray.actor.ActorClass):
                 actor_cls = actor_cls.__ray_actor_class__  # type: ignore[attr-defined]
             # Not findable by name in this module, so cloudpickle ships it by value.
-            base = type(actor_cls.__name__, (actor_cls, WorkerMixin), {"__module__": __name__})
+            base = type(actor_cls.__name__, (actor_cls, WorkerMixin),
+                        {"__module__": __name__, "__init__": _keeping_init_error(actor_cls)})
         cls = ray.remote(concurrency_groups={CONTROL_GROUP: 8})(base)  # type: ignore[call-overload]
         _REMOTE_CLASSES[key] = cls
     return cls
