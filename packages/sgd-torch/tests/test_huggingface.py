@@ -255,6 +255,24 @@ def test_transformers_trainer_worker_errors(ray_cluster, tmp_path):
         result.error)
 
 
+def test_transformers_trainer_restore_takes_a_new_trainer_init(ray_cluster, tmp_path):
+    from sgd_torch.huggingface import TransformersTrainer
+
+    failed = TransformersTrainer(returns_a_model, scaling_config=ScalingConfig(num_workers=2),
+                                 run_config=run_config(tmp_path, "fixed_init")).fit()
+    assert isinstance(failed.error, TypeError)
+    with pytest.raises(TypeError, match="trainer_init_per_worker= and trainer_init_config="):
+        TransformersTrainer.restore(failed.path, train_loop_per_worker=accelerate_loop)
+    with pytest.raises(TypeError, match="trainer_init_config keys"):  # returns_a_model takes no config
+        TransformersTrainer.restore(failed.path, trainer_init_config={"epochs": 1})
+    restored = TransformersTrainer.restore(
+        failed.path, trainer_init_per_worker=init_with_own_dataset,
+        trainer_init_config={"output_dir": str(tmp_path / "hf"), "epochs": 1})
+    result = fit_quietly(restored)
+    assert result.error is None and Path(result.path) == Path(failed.path)
+    assert result.metrics["step"] == 6  # the new init's Trainer ran: 48 rows, 2 ranks, batch 4
+
+
 def test_transformers_trainer_argument_errors():
     from sgd_torch.huggingface import TransformersTrainer
 
@@ -420,6 +438,32 @@ def test_accelerate_trainer_with_config_file(ray_cluster, tmp_path):
     losses = [ranks[0]["loss"] for ranks in rows]
     assert losses[-1] < losses[0] * 0.5
     assert rows[-1][0]["loss"] == rows[-1][1]["loss"]  # reduced over both workers
+
+
+def accelerate_fails(config):
+    raise RuntimeError("the first loop fails")
+
+
+def accelerate_env_loop(config):
+    from accelerate import Accelerator
+
+    sgd.report({"mixed_precision": Accelerator().mixed_precision, "tag": config["tag"]})
+
+
+def test_accelerate_trainer_restore_runs_a_new_loop_under_the_saved_config(ray_cluster, tmp_path):
+    from sgd_torch.huggingface import AccelerateTrainer
+
+    failed = AccelerateTrainer(accelerate_fails, train_loop_config={"tag": "first"},
+                               accelerate_config={"mixed_precision": "bf16"},
+                               scaling_config=ScalingConfig(num_workers=2),
+                               run_config=run_config(tmp_path, "acc")).fit()
+    assert isinstance(failed.error, RuntimeError)
+    with pytest.raises(TypeError, match="cannot change accelerate_config"):
+        AccelerateTrainer.restore(failed.path, accelerate_config={})
+    result = fit_quietly(AccelerateTrainer.restore(failed.path, train_loop_per_worker=accelerate_env_loop,
+                                                   train_loop_config={"tag": "second"}))
+    assert result.error is None
+    assert result.metrics["mixed_precision"] == "bf16" and result.metrics["tag"] == "second"
 
 
 @pytest.mark.parametrize("config, error", [

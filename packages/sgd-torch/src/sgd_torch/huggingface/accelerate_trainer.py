@@ -136,6 +136,29 @@ class AccelerateTrainer(TorchTrainer):
             metadata=metadata,
         )
 
+    @classmethod
+    def restore(cls, path: Any, train_loop_per_worker: Optional[Callable[..., Any]] = None,
+                train_loop_config: Optional[Dict[str, Any]] = None, datasets: Optional[Dict[str, Any]] = None,
+                **overrides: Any) -> AccelerateTrainer:
+        """A trainer that continues the run in ``path`` (see :meth:`sgd.DataParallelTrainer.restore`).
+
+        A new ``train_loop_per_worker`` runs under the saved ``accelerate_config``;
+        ``accelerate_config`` itself cannot be replaced (:class:`TypeError`).
+        """
+        if "accelerate_config" in overrides:
+            raise TypeError(f"{cls.__name__}.restore() cannot change accelerate_config; start a new run")
+        trainer = super().restore(path, train_loop_config=train_loop_config, datasets=datasets, **overrides)
+        assert isinstance(trainer, AccelerateTrainer)
+        if train_loop_per_worker is not None:
+            from sgd._internal.utils import wrap_train_func
+
+            wrap_train_func(train_loop_per_worker, trainer.train_loop_config)  # its signature, checked now
+            _, env, num_threads = trainer.train_loop_per_worker.args  # type: ignore[attr-defined]
+            trainer.train_loop_function = train_loop_per_worker
+            trainer.train_loop_per_worker = functools.partial(_train_loop_per_worker, train_loop_per_worker,
+                                                              env, num_threads)
+        return trainer
+
 
 # --- the config -----------------------------------------------------------------------------
 

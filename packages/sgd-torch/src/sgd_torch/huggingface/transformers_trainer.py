@@ -83,6 +83,34 @@ class TransformersTrainer(TorchTrainer):
             metadata=metadata,
         )
 
+    @classmethod
+    def restore(cls, path: Any, train_loop_per_worker: Optional[Callable[..., Any]] = None,  # type: ignore[override]
+                train_loop_config: Optional[Dict[str, Any]] = None, datasets: Optional[Dict[str, Any]] = None,
+                *, trainer_init_per_worker: Optional[Callable[..., Any]] = None,
+                trainer_init_config: Optional[Dict[str, Any]] = None, **overrides: Any) -> TransformersTrainer:
+        """A trainer that continues the run in ``path`` (see :meth:`sgd.DataParallelTrainer.restore`).
+
+        ``trainer_init_per_worker`` and ``trainer_init_config`` replace the saved ones;
+        the datasets must be passed again.
+
+        :raises TypeError: ``train_loop_per_worker`` or ``train_loop_config`` was given: this
+            trainer's loop is built from ``trainer_init_per_worker``.
+        """
+        if train_loop_per_worker is not None or train_loop_config is not None:
+            raise TypeError(f"{cls.__name__}.restore() takes trainer_init_per_worker= and trainer_init_config=, "
+                            "not train_loop_per_worker= / train_loop_config=")
+        trainer = super().restore(path, datasets=datasets, **overrides)
+        assert isinstance(trainer, TransformersTrainer)
+        init = trainer_init_per_worker or trainer.trainer_init_per_worker
+        if trainer_init_config is not None:
+            trainer.train_loop_config = dict(trainer_init_config)
+        _check_signature(init, trainer.train_loop_config or {})
+        if trainer_init_per_worker is not None:
+            names = trainer.train_loop_per_worker.args[1]  # type: ignore[attr-defined]
+            trainer.trainer_init_per_worker = trainer_init_per_worker
+            trainer.train_loop_per_worker = functools.partial(_train_loop_per_worker, trainer_init_per_worker, names)
+        return trainer
+
 
 def _check_signature(func: Callable[..., Any], config: Dict[str, Any]) -> None:
     try:
