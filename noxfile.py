@@ -25,7 +25,7 @@ TEST_PACKAGES = [
     "packages/sgd-tune",
     "packages/sgd-tensorflow[legacy-keras]",
     "packages/sgd-horovod",
-    "packages/sgd-torch[huggingface]",
+    "packages/sgd-torch[huggingface,lightning]",
 ]
 
 

@@ -60,7 +60,8 @@ def write(name: str, title: str, meta: Dict[str, Any], cases: List[Dict[str, Any
     lines = [title, "", "| case | median | spread | target | met? |", "|---|---|---|---|---|"]
     for c in cases:
         value = f"{c['median']:.2f} {c['unit']}".rstrip()
-        lines.append(f"| {c['case']} | {value} | {c['spread']} | {c['target']} | {'yes' if c['met'] else 'NO'} |")
+        met = "—" if c['met'] is None else ("yes" if c['met'] else "NO")
+        lines.append(f"| {c['case']} | {value} | {c['spread']} | {c['target']} | {met} |")
     table = "\n".join(lines) + "\n"
     save(name, {"machine": meta, "cases": cases}, table, out)
     return table
