@@ -193,6 +193,31 @@ def test_other_workers_stopped_promptly(trainer_2):
     assert trainer_2.run(lambda: sgd.world_rank()) == [0, 1]
 
 
+class _CtrlC(sgd.TrainingCallback):
+    """Raises KeyboardInterrupt in the driver at the first round, as Ctrl-C would."""
+
+    def handle_result(self, results, **info):
+        raise KeyboardInterrupt
+
+
+def test_ctrl_c_in_the_driver_marks_the_run_interrupted_and_the_trainer_goes_on(trainer_2):
+    import json
+
+    from sgd import runs
+
+    def endless():
+        while True:
+            sgd.report(x=1)
+
+    with pytest.raises(KeyboardInterrupt):
+        trainer_2.run(endless, callbacks=[_CtrlC()])
+    interrupted = trainer_2.latest_run_dir
+    assert json.loads((interrupted / "status.json").read_text())["status"] == "INTERRUPTED"
+    assert runs.run_info(interrupted).status == "INTERRUPTED"
+    assert trainer_2.run(lambda: sgd.world_rank()) == [0, 1]  # the workers were stopped, not left running
+    assert json.loads((trainer_2.latest_run_dir / "status.json").read_text())["status"] == "FINISHED"
+
+
 def test_workers_run_ahead_by_a_bounded_number(trainer_2):
     """The driver does not consume; workers may buffer at most max_pending reports."""
 

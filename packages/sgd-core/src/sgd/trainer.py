@@ -444,8 +444,8 @@ class TrainingIterator:
                 self._run: RunState = self._start(checkpoint, self._manager.latest_iteration if checkpoint else 0)
             except WorkerDiedError as exc:
                 self._recover(exc)
-        except BaseException:
-            self._finish(error=True)
+        except BaseException as exc:
+            self._finish(error=True, exc=exc)
             raise
 
     def _start(self, checkpoint: Optional[dict], start_iteration: int) -> RunState:
@@ -556,7 +556,7 @@ class TrainingIterator:
         if self._finished:
             return
         self._finished = True
-        self._run_dir.close(error)
+        self._run_dir.close(error, interrupted=isinstance(exc, KeyboardInterrupt))
         if self._executor is not None:
             self._executor.end_training(ok=not error, error=exc)
         self._manager.remove_temporary()
