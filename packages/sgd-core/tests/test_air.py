@@ -75,6 +75,17 @@ def test_fit_returns_result_with_directory_checkpoints(ray_cluster, tmp_path):
     assert Path(again.path).name == "run_002"
 
 
+def test_context_experiment_name_is_the_run_configs(ray_cluster, tmp_path):
+    def loop():
+        ctx = sgd.get_context()
+        sgd.report({"experiment": ctx.get_experiment_name(), "trial_dir": ctx.get_trial_dir()})
+
+    result = DataParallelTrainer(loop, scaling_config=ScalingConfig(num_workers=2),
+                                 run_config=RunConfig(name="my-exp", storage_path=str(tmp_path))).fit()
+    assert result.metrics["experiment"] == "my-exp"
+    assert result.metrics["trial_dir"] == str(result.path)
+
+
 def test_dict_checkpoint_and_get_checkpoint_round_trip(ray_cluster, tmp_path):
     def loop():
         ckpt = sgd.get_checkpoint()

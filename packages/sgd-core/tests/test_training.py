@@ -275,6 +275,17 @@ def test_context_and_ranks(trainer_2):
     assert trainer_2.run(train_func) == [(0, 0, 2, 0, 2), (1, 1, 2, 0, 2)]
 
 
+def test_context_tells_which_run_this_is(trainer_2):
+    def train_func():
+        ctx = sgd.get_context()
+        return ctx.get_experiment_name(), ctx.get_trial_dir(), ctx.get_trial_name(), ctx.get_trial_id()
+
+    first = trainer_2.run(train_func)
+    assert first == [(trainer_2.logdir.name, str(trainer_2.latest_run_dir), None, None)] * 2
+    second = trainer_2.run(train_func)
+    assert second[0][1] == str(trainer_2.latest_run_dir) != first[0][1]  # each run its own directory
+
+
 def test_dataset_argument(trainer_2):
     assert trainer_2.run(lambda: sgd.get_dataset_shard(), dataset=[1, 2]) == [[1, 2], [1, 2]]
     assert trainer_2.run(lambda: sgd.get_dataset_shard("b"), dataset={"a": 1, "b": 2}) == [2, 2]

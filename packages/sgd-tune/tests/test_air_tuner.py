@@ -1,5 +1,7 @@
 """An AIR-style trainer passed to tune.Tuner as is: param_space["train_loop_config"] per trial."""
 
+from pathlib import Path
+
 import pytest
 from ray import tune
 
@@ -14,7 +16,10 @@ def loop(config):
         start = ckpt.to_dict()["epoch"] + 1
     for epoch in range(start, config["epochs"]):
         checkpoint = sgd.Checkpoint.from_dict({"epoch": epoch}) if sgd.world_rank() == 0 else None
-        sgd.report({"score": config["lr"] * (epoch + 1), "world": sgd.world_size()}, checkpoint=checkpoint)
+        ctx = sgd.get_context()
+        sgd.report({"score": config["lr"] * (epoch + 1), "world": sgd.world_size(),
+                    "sgd_trial_id": ctx.get_trial_id(), "sgd_trial_name": ctx.get_trial_name(),
+                    "sgd_experiment": ctx.get_experiment_name()}, checkpoint=checkpoint)
 
 
 def test_tuner_runs_the_trainer_per_trial(ray_cluster, storage_path):
@@ -33,6 +38,11 @@ def test_tuner_runs_the_trainer_per_trial(ray_cluster, storage_path):
     assert best.config["train_loop_config"]["lr"] == 1.0
     assert best.metrics["score"] == pytest.approx(3.0)
     assert best.metrics["world"] == 2 and best.metrics["training_iteration"] == 3
+    # The workers know which Tune trial and experiment they run in.
+    for result in grid:
+        assert result.metrics["sgd_trial_id"] == result.metrics["trial_id"]
+        assert result.metrics["sgd_trial_name"].endswith(result.metrics["trial_id"])
+        assert result.metrics["sgd_experiment"] == Path(result.path).parent.name
     # The trial's checkpoint is the sgd checkpoint of its last round.
     with best.checkpoint.as_directory() as d:
         assert sgd.Checkpoint.from_directory(d).to_dict() == {"epoch": 2}

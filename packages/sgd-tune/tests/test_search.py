@@ -35,7 +35,9 @@ def train_regression(config):
             loss = torch.nn.functional.mse_loss(model(x), y)
             loss.backward()
             optimizer.step()
-        sgd.report(epoch=epoch, loss=loss.item())
+        ctx = sgd.get_context()
+        sgd.report(epoch=epoch, loss=loss.item(), sgd_trial_id=ctx.get_trial_id(),
+                   sgd_experiment=ctx.get_experiment_name())
         sgd.save_checkpoint(epoch=epoch + 1, model=getattr(model, "module", model).state_dict())
 
 
@@ -60,6 +62,9 @@ def test_asha_search_over_lr(ray_cluster, storage_path):
     assert best.config["lr"] in (0.5, 0.2)
     losses = list(best.metrics_dataframe["loss"])
     assert len(losses) == EPOCHS and losses[-1] < losses[0]
+    # The workers know which Tune trial and experiment they run in.
+    assert all(r.metrics["sgd_trial_id"] == r.metrics["trial_id"] for r in results)
+    assert {r.metrics["sgd_experiment"] for r in results} == {"asha"}
 
     # Every result was followed by a checkpoint: each Tune checkpoint is an sgd checkpoint.
     assert len(best.best_checkpoints) == EPOCHS

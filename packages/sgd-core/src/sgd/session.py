@@ -157,5 +157,8 @@ def local_world_size() -> int:
 
 
 def get_context() -> WorkerContext:
-    """An object with ``get_world_rank()``, ``get_local_rank()``, ``get_world_size()``, ``get_node_rank()``."""
+    """An object with ``get_world_rank()``, ``get_local_rank()``, ``get_world_size()``,
+    ``get_node_rank()``, ``get_local_world_size()``, and which run this is:
+    ``get_experiment_name()``, ``get_trial_dir()`` (the run directory, on the driver's node),
+    ``get_trial_name()`` and ``get_trial_id()`` (the Ray Tune trial's, else ``None``)."""
     return _context()

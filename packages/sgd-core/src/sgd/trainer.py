@@ -134,6 +134,9 @@ class Trainer:
         self._latest_run_dir: Optional[Path] = None
         self._manager: Optional[CheckpointManager] = None
         self._resume_run: Optional[RunDirectory] = None
+        #: ``{"name": ..., "id": ..., "experiment": ...}`` of the Ray Tune trial this trainer runs
+        #: in (set by sgd-tune); workers read it through ``sgd.get_context()``.
+        self.trial_info: Optional[Dict[str, str]] = None
 
     # --- properties -----------------------------------------------------------
 
@@ -435,6 +438,14 @@ class TrainingIterator:
         }
         self._finished = False
         self._final: Optional[List[Any]] = None
+        trial = trainer.trial_info or {}
+        #: What ``sgd.get_context()`` tells the workers about this run.
+        self._worker_run_info = {
+            "experiment_name": trial.get("experiment") or trainer.logdir.name,
+            "trial_dir": str(trainer.latest_run_dir),
+            "trial_name": trial.get("name"),
+            "trial_id": trial.get("id"),
+        }
         resumed = self._delivered_iteration > 0
         for cb in callbacks:
             cb.start_training(logdir=str(trainer.latest_run_dir), config=config, resumed=resumed,
@@ -463,7 +474,8 @@ class TrainingIterator:
             self._manager.checkpoint_dir.mkdir(parents=True, exist_ok=True)
             direct = DirectWrite(str(self._manager.checkpoint_dir), self._manager.codec,
                                  self._manager.strategy.checkpoint_score_attribute)
-        return self._executor.start_training(self._train_func, checkpoint, shards, start_iteration, direct)
+        return self._executor.start_training(self._train_func, checkpoint, shards, start_iteration, direct,
+                                             self._worker_run_info)
 
     def _recover(self, error: WorkerDiedError) -> None:
         """Restart the workers and the training function from the latest checkpoint,

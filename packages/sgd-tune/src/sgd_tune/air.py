@@ -66,6 +66,9 @@ def make_air_trainable(base: Any) -> Callable[[Dict[str, Any]], None]:
 
 def _run_trial(trainer: Any, tune: Any) -> None:
     sgd_trainer = trainer._make_trainer()
+    context = tune.get_context()
+    sgd_trainer.trial_info = {"name": context.get_trial_name(), "id": context.get_trial_id(),
+                              "experiment": context.get_experiment_name()}
     checkpoint_config = trainer.run_config.checkpoint_config
     strategy = checkpoint_config.to_strategy() if checkpoint_config is not None else None
     sgd_trainer.start()

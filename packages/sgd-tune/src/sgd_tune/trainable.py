@@ -138,6 +138,9 @@ class SgdTrainable(tune.Trainable):
     def _begin(self) -> None:
         logdir = Path(self.logdir) / "sgd"
         trainer = sgd.Trainer(**self._sgd_trainer_kwargs, logdir=logdir)
+        info = getattr(self, "_trial_info", None)  # Tune's record of the trial; None outside Tune
+        trainer.trial_info = {"name": self.trial_name, "id": self.trial_id,
+                              "experiment": getattr(info, "experiment_name", None) or Path(self.logdir).parent.name}
         self._trainer = trainer
         trainer.start()
         self._iterator = trainer.run_iterator(

@@ -383,6 +383,7 @@ class BackendExecutor:
         dataset_shards: Optional[List[Any]] = None,
         start_iteration: int = 0,
         direct_write: Optional[DirectWrite] = None,
+        run_info: Optional[Dict[str, Optional[str]]] = None,
     ) -> RunState:
         if self.worker_group is None:
             raise RuntimeError("the trainer is not started; call trainer.start() first")
@@ -396,7 +397,7 @@ class BackendExecutor:
         refs = [
             w._sgd_start_training.remote(
                 train_func, encode, checkpoint, shard, self.max_pending, start_iteration, encode_checkpoint,
-                direct_write if rank == 0 else None,
+                direct_write if rank == 0 else None, run_info,
             )
             for rank, (w, shard) in enumerate(zip(wg.workers, shards))
         ]

@@ -57,6 +57,28 @@ class WorkerContext:
     def get_local_world_size(self) -> int:
         return self.local_world_size
 
+    # Which run this is (set at the start of each run).
+    experiment_name: Optional[str] = None
+    trial_dir: Optional[str] = None
+    trial_name: Optional[str] = None
+    trial_id: Optional[str] = None
+
+    def get_experiment_name(self) -> Optional[str]:
+        """The name of the trainer's ``logdir`` (``RunConfig(name=...)`` for the AIR trainers)."""
+        return self.experiment_name
+
+    def get_trial_dir(self) -> Optional[str]:
+        """This run's directory (``logdir/run_NNN``), a path on the driver's node."""
+        return self.trial_dir
+
+    def get_trial_name(self) -> Optional[str]:
+        """The Ray Tune trial's name when the run is a Tune trial, else ``None``."""
+        return self.trial_name
+
+    def get_trial_id(self) -> Optional[str]:
+        """The Ray Tune trial's id when the run is a Tune trial, else ``None``."""
+        return self.trial_id
+
 
 @dataclass
 class RemoteError:

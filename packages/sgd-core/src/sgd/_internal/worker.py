@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 from dataclasses import dataclass
@@ -72,11 +73,14 @@ class WorkerMixin:
         start_iteration: int = 0,
         encode_checkpoint: Optional[Callable[[Any], Any]] = None,
         direct_write: Optional[DirectWrite] = None,
+        run_info: Optional[Dict[str, Optional[str]]] = None,
     ) -> None:
         previous = STATE.session
         if previous is not None and not previous.finished:
             raise RuntimeError("a training function is still running on this worker")
         assert STATE.context is not None, "worker context must be set before training"
+        if run_info:
+            STATE.context = dataclasses.replace(STATE.context, **run_info)
         session = Session(
             train_func, STATE.context, encode, checkpoint, dataset_shard, max_pending, start_iteration,
             encode_checkpoint, direct_write,
