@@ -80,7 +80,7 @@ class WorkerMixin:
             raise RuntimeError("a training function is still running on this worker")
         assert STATE.context is not None, "worker context must be set before training"
         if run_info:
-            STATE.context = dataclasses.replace(STATE.context, **run_info)
+            STATE.context = dataclasses.replace(STATE.context, **run_info)  # type: ignore[arg-type]
         session = Session(
             train_func, STATE.context, encode, checkpoint, dataset_shard, max_pending, start_iteration,
             encode_checkpoint, direct_write,
