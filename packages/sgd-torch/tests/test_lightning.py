@@ -173,3 +173,39 @@ def test_lightning_fsdp_on_gpu_workers(ray_cluster, tmp_path):
     assert result.error is None, result.error
     assert list(result.metrics_dataframe["epoch"]) == [0, 1]
     assert set(result.metrics_dataframe["rows"]) == {ROWS / n}
+
+
+def ray_data_loop(config):
+    import lightning.pytorch as pl
+
+    from sgd_torch.lightning import SgdDDPStrategy, SgdLightningEnvironment, SgdReportCallback, prepare_trainer
+
+    shard = sgd.get_dataset_shard("train")
+    batches = shard.iter_torch_batches(batch_size=BATCH, collate_fn=_xy)  # a fresh pass every epoch
+    trainer = pl.Trainer(max_epochs=2, accelerator="cpu", devices="auto", strategy=SgdDDPStrategy(),
+                         plugins=[SgdLightningEnvironment()], callbacks=[SgdReportCallback()],
+                         enable_checkpointing=False, logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, use_distributed_sampler=False)
+    trainer = prepare_trainer(trainer)
+    trainer.fit(make_module(), train_dataloaders=batches)
+
+
+def _xy(batch):
+    x = torch.as_tensor(batch["x"], dtype=torch.float32)
+    return x, x.sum(1, keepdim=True)
+
+
+def test_lightning_reads_a_ray_dataset_shard(ray_cluster, tmp_path):
+    import numpy as np
+    import ray.data
+
+    from sgd_torch import TorchTrainer
+
+    ds = ray.data.from_items([{"x": np.random.default_rng(i).standard_normal(8)} for i in range(ROWS)])
+    result = TorchTrainer(ray_data_loop, scaling_config=ScalingConfig(num_workers=2), datasets={"train": ds},
+                          run_config=RunConfig(storage_path=str(tmp_path))).fit()
+    assert result.error is None, result.error
+    df = result.metrics_dataframe
+    assert list(df["epoch"]) == [0, 1]
+    assert set(df["rows"]) == {ROWS / 2}  # each worker its own half of the rows, every epoch
+    assert df["loss"].iloc[-1] < df["loss"].iloc[0]
