@@ -68,9 +68,12 @@ def main():
         if "SGD_RUN_DIR" in os.environ:
             import sgd
             sgd.report(step=step + 1, loss=loss.item())
-    print(f"done on rank {rank}", file=sys.stderr)
     if rank == 0:
         torch.save(model.module.state_dict(), args.out)
+    print(f"done on rank {rank}", file=sys.stderr)
+    # Both ranks leave the group together: a gloo rank that destroys its group while its peer
+    # is still busy can abort at exit ("terminate called without an active exception").
+    dist.barrier()
     dist.destroy_process_group()
 
 
