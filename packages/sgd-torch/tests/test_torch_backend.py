@@ -10,17 +10,6 @@ import sgd
 from sgd_torch import TorchConfig
 
 
-@pytest.fixture(scope="module")
-def trainer():
-    import sgd_testing.fixtures as f
-
-    f._start_local_ray()
-    trainer = sgd.Trainer(backend="torch", num_workers=2)
-    trainer.start()
-    yield trainer
-    trainer.shutdown()
-
-
 def test_config_validation():
     assert TorchConfig().backend is None and TorchConfig().init_method == "env"
     with pytest.raises(ValueError, match="init_method"):

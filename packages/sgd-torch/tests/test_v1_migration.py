@@ -81,17 +81,6 @@ def train_func_short(config):
     return type(operator.model).__name__
 
 
-@pytest.fixture(scope="module")
-def trainer():
-    import sgd_testing.fixtures as f
-
-    f._start_local_ray()
-    trainer = sgd.Trainer(backend="torch", num_workers=2)
-    trainer.start()
-    yield trainer
-    trainer.shutdown()
-
-
 def test_migration_guide_operator_in_a_v2_train_func(trainer):
     rounds = []
 

@@ -98,15 +98,6 @@ def _destroy_process_group() -> None:
         dist.destroy_process_group()
 
 
-def _between_runs(destroy_group: bool) -> None:
-    """Forget what the previous run's training function set in this worker process."""
-    helpers = sys.modules.get("sgd_torch.train_loop_utils")
-    if helpers is not None:
-        helpers.accelerate(amp=False)  # a run that wants mixed precision asks again
-    if destroy_group:
-        _destroy_process_group()
-
-
 # --- driver side -----------------------------------------------------------------
 
 
@@ -167,9 +158,10 @@ class _TorchBackend(Backend):
 
     def on_training_start(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
         assert isinstance(backend_config, TorchConfig)
-        # Without sgd's group, the previous run's code may have left its own: the next
-        # run's init_process_group would fail with "already initialized".
-        worker_group.execute(_between_runs, not backend_config.init_process_group)
+        if not backend_config.init_process_group:
+            # The previous run's code may have left its own group: the next run's
+            # init_process_group would fail with "already initialized".
+            worker_group.execute(_destroy_process_group)
 
     def on_shutdown(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
         worker_group.execute(_destroy_process_group)

@@ -4,14 +4,28 @@ from __future__ import annotations
 
 import os
 import random
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset, RandomSampler
 
-_amp_enabled = False
-_scaler: Optional[Any] = None
+#: ``(run, GradScaler or None)`` set by :func:`accelerate(amp=True) <accelerate>`; it holds
+#: only for that run (workers outlive runs): see :func:`_amp`.
+_amp_state: Optional[Tuple[Any, Optional[Any]]] = None
+
+
+def _current_run() -> Any:
+    from sgd._internal.session import STATE
+
+    return STATE.session  # None outside an sgd worker
+
+
+def _amp() -> Tuple[bool, Optional[Any]]:
+    """Whether mixed precision is on for the running training function, and its scaler."""
+    if _amp_state is None or _amp_state[0] is not _current_run():
+        return False, None
+    return True, _amp_state[1]
 
 
 def _world_size() -> int:
@@ -26,15 +40,7 @@ def get_device() -> torch.device:
     Workers on one node see all of the node's sgd GPUs (``CUDA_VISIBLE_DEVICES``
     is shared so NCCL can use peer-to-peer); each picks the one Ray gave it.
     """
-    if not torch.cuda.is_available():
-        return torch.device("cpu")
-    own = [g for g in os.environ.get("SGD_OWN_GPU_IDS", "").split(",") if g]
-    visible = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g]
-    if own and visible and own[0] in visible:
-        return torch.device("cuda", visible.index(own[0]))
-    if own or visible:
-        return torch.device("cuda", 0)
-    return torch.device("cpu")
+    return get_devices()[0]
 
 
 def get_devices() -> List[torch.device]:
@@ -45,9 +51,11 @@ def get_devices() -> List[torch.device]:
         return [torch.device("cpu")]
     own = [g for g in os.environ.get("SGD_OWN_GPU_IDS", "").split(",") if g]
     visible = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g]
-    if own and visible and all(g in visible for g in own):
-        return [torch.device("cuda", visible.index(g)) for g in own]
-    return [get_device()]
+    if own and visible and own[0] in visible:
+        return [torch.device("cuda", visible.index(g)) for g in own if g in visible]
+    if own or visible:
+        return [torch.device("cuda", 0)]
+    return [torch.device("cpu")]
 
 
 PARALLEL_STRATEGIES = ("ddp", "fsdp", None)
@@ -83,7 +91,7 @@ def prepare_model(
     device = get_device()
     if move_to_device:
         model = model.to(device)
-    if _amp_enabled:
+    if _amp()[0]:
         _autocast_forward(model, device)
     if parallel_strategy is None or _world_size() <= 1:
         return model
@@ -246,9 +254,9 @@ def accelerate(amp: bool = False) -> None:
     """Turn on automatic mixed precision: models prepared afterwards run their forward under
     ``torch.autocast`` (float16 on GPU, bfloat16 on CPU); :func:`prepare_optimizer` and
     :func:`backward` scale the loss on GPU. Call it before :func:`prepare_model`."""
-    global _amp_enabled, _scaler
-    _amp_enabled = amp
-    _scaler = torch.amp.GradScaler("cuda") if amp and get_device().type == "cuda" else None
+    global _amp_state
+    scaler = torch.amp.GradScaler("cuda") if amp and get_device().type == "cuda" else None
+    _amp_state = (_current_run(), scaler) if amp else None
 
 
 class _ScaledOptimizer:
@@ -269,13 +277,15 @@ class _ScaledOptimizer:
 
 def prepare_optimizer(optimizer: torch.optim.Optimizer) -> Any:
     """Wrap ``optimizer`` for mixed precision when :func:`accelerate` turned it on."""
-    return _ScaledOptimizer(optimizer, _scaler) if _scaler is not None else optimizer
+    scaler = _amp()[1]
+    return _ScaledOptimizer(optimizer, scaler) if scaler is not None else optimizer
 
 
 def backward(tensor: torch.Tensor) -> None:
     """``tensor.backward()``, scaled when mixed precision is on."""
-    if _scaler is not None:
-        _scaler.scale(tensor).backward()
+    scaler = _amp()[1]
+    if scaler is not None:
+        scaler.scale(tensor).backward()
     else:
         tensor.backward()
 

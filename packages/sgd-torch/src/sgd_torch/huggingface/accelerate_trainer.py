@@ -115,7 +115,7 @@ class AccelerateTrainer(TorchTrainer):
             raise TypeError(f"train_loop_per_worker must be a function, got {type(train_loop_per_worker).__name__}")
         wrap_train_func(train_loop_per_worker, train_loop_config)  # its signature, checked now
         config = load_accelerate_config(accelerate_config)
-        env, num_threads = accelerate_env(config)
+        env, _ = accelerate_env(config)
         if env.get("ACCELERATE_USE_CPU") == "true" and scaling_config is not None and scaling_config.use_gpu:
             raise ValueError("accelerate_config has use_cpu: true, but ScalingConfig(use_gpu=True) gives the workers "
                              "GPUs (and an NCCL process group); drop one of the two")
@@ -123,9 +123,8 @@ class AccelerateTrainer(TorchTrainer):
         self.accelerate_config = config
         #: The environment variables every worker gets from ``accelerate_config``.
         self.accelerate_env = env
-        loop = functools.partial(_train_loop_per_worker, train_loop_per_worker, env, num_threads)
         super().__init__(
-            loop,
+            _loop(train_loop_per_worker, config),
             train_loop_config=train_loop_config,
             scaling_config=scaling_config,
             torch_config=torch_config,
@@ -153,11 +152,15 @@ class AccelerateTrainer(TorchTrainer):
             from sgd._internal.utils import wrap_train_func
 
             wrap_train_func(train_loop_per_worker, trainer.train_loop_config)  # its signature, checked now
-            _, env, num_threads = trainer.train_loop_per_worker.args  # type: ignore[attr-defined]
             trainer.train_loop_function = train_loop_per_worker
-            trainer.train_loop_per_worker = functools.partial(_train_loop_per_worker, train_loop_per_worker,
-                                                              env, num_threads)
+            trainer.train_loop_per_worker = _loop(train_loop_per_worker, trainer.accelerate_config)
         return trainer
+
+
+def _loop(train_loop_per_worker: Callable[..., Any], config: Dict[str, Any]) -> Callable[..., Any]:
+    """``train_loop_per_worker`` run under the environment ``config`` gives."""
+    env, num_threads = accelerate_env(config)
+    return functools.partial(_train_loop_per_worker, train_loop_per_worker, env, num_threads)
 
 
 # --- the config -----------------------------------------------------------------------------

@@ -69,10 +69,8 @@ class TransformersTrainer(TorchTrainer):
         _check_signature(trainer_init_per_worker, trainer_init_config or {})
         _check_datasets(datasets)
         self.trainer_init_per_worker = trainer_init_per_worker
-        # Bound here rather than put in the config: the config goes to the run's logs.
-        loop = functools.partial(_train_loop_per_worker, trainer_init_per_worker, tuple(datasets or ()))
         super().__init__(
-            loop,
+            _loop(trainer_init_per_worker, datasets),
             train_loop_config=trainer_init_config,
             scaling_config=scaling_config,
             torch_config=torch_config,
@@ -105,11 +103,14 @@ class TransformersTrainer(TorchTrainer):
         if trainer_init_config is not None:
             trainer.train_loop_config = dict(trainer_init_config)
         _check_signature(init, trainer.train_loop_config or {})
-        if trainer_init_per_worker is not None:
-            names = trainer.train_loop_per_worker.args[1]  # type: ignore[attr-defined]
-            trainer.trainer_init_per_worker = trainer_init_per_worker
-            trainer.train_loop_per_worker = functools.partial(_train_loop_per_worker, trainer_init_per_worker, names)
+        trainer.trainer_init_per_worker = init
+        trainer.train_loop_per_worker = _loop(init, trainer.datasets)
         return trainer
+
+
+def _loop(trainer_init_per_worker: Callable[..., Any], datasets: Optional[Dict[str, Any]]) -> Callable[..., Any]:
+    # The init function is bound rather than put in the config: the config goes to the run's logs.
+    return functools.partial(_train_loop_per_worker, trainer_init_per_worker, tuple(datasets or ()))
 
 
 def _check_signature(func: Callable[..., Any], config: Dict[str, Any]) -> None:
