@@ -24,7 +24,7 @@ def test_shrinks_on_node_loss_and_grows_back(two_node_cluster):
     second = [n for n in cluster.list_all_nodes() if not n.head][0]
     trainer = sgd.Trainer(backend="base", num_workers=(2, 4), max_retries=-1)
     trainer.start()
-    assert len(trainer._executor.worker_group) == 4
+    assert len(trainer._controller.worker_group) == 4
     seen = []
 
     class Chaos(sgd.TrainingCallback):

@@ -69,6 +69,49 @@ def test_runs_as_a_backend(installed, ray_cluster):
         ray.cloudpickle.unregister_pickle_by_value(sgd_dummy.plugin)
 
 
+def _session_and_pid():
+    return os.environ["DUMMY_BACKEND_SESSION"], os.getpid()
+
+
+def test_stateful_backend_keeps_one_object_across_runs_and_a_restart(installed, ray_cluster):
+    import ray.cloudpickle
+    import sgd_dummy.plugin
+    from sgd_dummy.plugin import DummyBackend
+
+    from sgd_testing import KillWorker
+
+    ray.cloudpickle.register_pickle_by_value(sgd_dummy.plugin)
+    made_before = len(DummyBackend.instances)
+    try:
+        trainer = sgd.Trainer(backend="dummy", num_workers=2, max_retries=1)
+        trainer.start()
+        try:
+            first = trainer.run(_session_and_pid)
+            second = trainer.run(_session_and_pid)
+            assert first == second  # the same workers, the same backend session
+
+            def reports_twice():
+                sgd.report(step=1, pid=os.getpid())
+                sgd.report(step=2, pid=os.getpid())
+                return _session_and_pid()
+
+            # Rank 1 is SIGKILLed at the first report: the group restarts, the run goes on.
+            after = trainer.run(reports_twice, callbacks=[KillWorker(at=1, key="step", rank=1)])
+        finally:
+            trainer.shutdown()
+    finally:
+        ray.cloudpickle.unregister_pickle_by_value(sgd_dummy.plugin)
+    made = DummyBackend.instances[made_before:]
+    assert len(made) == 1, f"{len(made)} backend objects for one trainer"
+    backend = made[0]
+    assert backend.events == ["start", "training_start", "training_start", "training_start",
+                              "failure", "start", "training_start", "shutdown"]
+    # The restarted workers are new processes that got the session the object kept.
+    assert [s for s, _ in after] == [s for s, _ in first]
+    assert {p for _, p in after}.isdisjoint({p for _, p in first})
+    assert backend.session is None  # closed by on_shutdown
+
+
 def test_listed_with_failures_and_conflicts(installed):
     table = _cli(installed, "plugins").stdout
     dummy_row = next(line for line in table.splitlines() if line.startswith("dummy "))

@@ -11,8 +11,8 @@ import textwrap
 import pytest
 
 from sgd import cli
-from sgd._internal.launch import ScriptExitError, failure_message, launcher_env
-from sgd._internal.launch_output import OutputPrinter
+from sgd.launcher import ScriptExitError, failure_message, launcher_env
+from sgd.launcher.output import OutputPrinter
 
 SEMANTICS_SCRIPT = '''
 import os

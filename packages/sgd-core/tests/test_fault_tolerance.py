@@ -153,7 +153,7 @@ def test_peer_failure_error_before_the_death_is_a_restart(trainer_factory, tmp_p
     driver = threading.Thread(target=drive)
     driver.start()
     # The order under test: the driver holds rank 1's error before rank 0 dies.
-    wait_for(lambda: iterator._run._error is not None, timeout=30, message="rank 1's error never arrived")
+    wait_for(lambda: iterator._run._rounds._error is not None, timeout=30, message="rank 1's error never arrived")
     pid = int(wait_for(lambda: os.path.exists(marker + ".pid") and open(marker + ".pid").read(), timeout=30))
     os.kill(pid, signal.SIGKILL)
     driver.join(timeout=60)
@@ -162,9 +162,9 @@ def test_peer_failure_error_before_the_death_is_a_restart(trainer_factory, tmp_p
 
 
 def test_peer_failure_error_without_a_death_is_raised(trainer_factory, tmp_path, monkeypatch):
-    from sgd._internal import backend_executor
+    from sgd._internal import rounds
 
-    monkeypatch.setattr(backend_executor, "PEER_FAILURE_GRACE_S", 1.0)
+    monkeypatch.setattr(rounds, "PEER_FAILURE_GRACE_S", 1.0)
 
     def fails():
         if sgd.world_rank() == 1:

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 import sgd
-from sgd._internal.utils import wrap_train_func
+from sgd.utils import wrap_train_func
 
 
 def test_unknown_backend_lists_installed_and_names_package():

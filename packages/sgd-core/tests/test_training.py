@@ -226,21 +226,21 @@ def test_workers_run_ahead_by_a_bounded_number(trainer_2):
             sgd.report(i=i)
         return "finished"
 
-    limit = trainer_2._executor.max_pending
-    trainer_2._executor.max_pending = 5
+    limit = trainer_2._controller.executor.max_pending
+    trainer_2._controller.executor.max_pending = 5
     try:
         it = trainer_2.run_iterator(train_func)
 
         # Until the driver pulls, each worker's training thread stops after 5 reports.
         def buffered():
-            return trainer_2._executor.worker_group.execute(_buffered_count)
+            return trainer_2._controller.worker_group.execute(_buffered_count)
 
         counts = wait_for(lambda: (c := buffered()) and all(n == 5 for n in c) and c, timeout=20)
         assert counts == [5, 5]
         assert [r["i"] for r in next(it)] == [0, 0]
         assert it.get_final_results(force=True) == ["finished", "finished"]
     finally:
-        trainer_2._executor.max_pending = limit
+        trainer_2._controller.executor.max_pending = limit
 
 
 def _buffered_count():

@@ -53,7 +53,7 @@ def test_every_worker_gets_the_horovod_environment(trainer):
         assert env["HOROVOD_GLOO_IFACE"] == "lo"  # one node: loopback, as horovodrun does
         assert env["HOROVOD_GLOO_TIMEOUT_SECONDS"] == "300"
     # The rendezvous server is the driver's, and it is listening.
-    service = rendezvous_service(trainer._executor.worker_group)
+    service = rendezvous_service(trainer._controller.worker_group)
     assert env0["HOROVOD_GLOO_RENDEZVOUS_PORT"] == env1["HOROVOD_GLOO_RENDEZVOUS_PORT"] == str(service.port)
     assert env0["HOROVOD_GLOO_RENDEZVOUS_ADDR"] == ray.util.get_node_ip_address()
 
@@ -224,9 +224,9 @@ def test_worker_killed_mid_run_resumes_with_a_new_rendezvous(ray_cluster):
     trainer = sgd.Trainer(backend="horovod", num_workers=2, max_retries=1)
     trainer.start()
     try:
-        first = rendezvous_service(trainer._executor.worker_group)
+        first = rendezvous_service(trainer._controller.worker_group)
         results = trainer.run(_resumable, config={"epochs": 5}, callbacks=[killer])
-        second = rendezvous_service(trainer._executor.worker_group)
+        second = rendezvous_service(trainer._controller.worker_group)
         # The restart set Horovod up again with a fresh rendezvous server; the old one is closed.
         assert second is not first and second.running and not first.running
     finally:

@@ -290,13 +290,13 @@ def test_error_while_peer_is_in_all_reduce(trainer):
 
 
 def test_teardown_destroys_process_group(ray_cluster):
-    from sgd_torch.config import _TorchBackend
+    from sgd_torch import TorchBackend
 
     trainer = sgd.Trainer(backend="torch", num_workers=2)
     wg = trainer.to_worker_group(_Probe)
     try:
         assert wg.execute(_is_initialized) == [True, True]
-        _TorchBackend().on_shutdown(wg, trainer.backend_config)
+        TorchBackend().on_shutdown(wg, trainer.backend_config)
         assert wg.execute(_is_initialized) == [False, False]
     finally:
         wg.shutdown()
@@ -313,10 +313,10 @@ def _is_initialized():
 
 
 def test_encode_data_leaves_plain_values_alone():
-    from sgd_torch.config import _TorchBackend
+    from sgd_torch import TorchBackend
 
     data = {"a": 1, "b": [1.5, "x"], "t": (torch.ones(2, requires_grad=True),)}
-    out = _TorchBackend.encode_data(data)
+    out = TorchBackend.encode_data(data)
     assert out["a"] == 1 and out["b"] == [1.5, "x"]
     assert not out["t"][0].requires_grad
 

@@ -3,12 +3,12 @@
 Re-exports only; see the modules for the code.
 """
 
-from sgd._internal.backend_executor import TrainingFailedError, WorkerDiedError, WorkerError
 from sgd.air import CheckpointConfig, DataParallelTrainer, FailureConfig, Result, RunConfig, ScalingConfig
 from sgd.backend import Backend, BackendConfig, BackendSpec, free_address
 from sgd.callbacks import TrainingCallback
 from sgd.checkpoint import Checkpoint, CheckpointStrategy
 from sgd.data import DatasetConfig, cross_validation_folds
+from sgd.errors import TrainingFailedError, WorkerDiedError, WorkerError
 from sgd.hookspecs import hookimpl
 from sgd.session import (
     get_checkpoint,

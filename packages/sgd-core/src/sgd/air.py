@@ -51,11 +51,11 @@ class ScalingConfig:
     trainer_resources: Optional[Dict[str, float]] = None
 
     def __post_init__(self) -> None:
-        from sgd.trainer import _resolve_num_workers, _resolve_resources
+        from sgd.utils import resolve_num_workers, resolve_resources
         from sgd.worker_group import PLACEMENT_STRATEGIES
 
-        _resolve_num_workers(self.num_workers)
-        _resolve_resources(self.use_gpu, self.resources_per_worker)
+        resolve_num_workers(self.num_workers)
+        resolve_resources(self.use_gpu, self.resources_per_worker)
         if self.placement_strategy not in PLACEMENT_STRATEGIES:
             raise ValueError(f"placement_strategy must be one of {', '.join(PLACEMENT_STRATEGIES)}, "
                              f"got {self.placement_strategy!r}")
@@ -230,7 +230,7 @@ class DataParallelTrainer:
         resume_from_checkpoint: Any = None,
         metadata: Optional[Dict[str, Any]] = None,
     ):
-        from sgd._internal.utils import wrap_train_func
+        from sgd.utils import wrap_train_func
 
         if not callable(train_loop_per_worker):
             raise TypeError(f"train_loop_per_worker must be a function, got {type(train_loop_per_worker).__name__}")
@@ -260,7 +260,7 @@ class DataParallelTrainer:
     def _experiment_dir(self) -> Tuple[Path, Optional[str]]:
         """The local folder runs go to, and the storage URI checkpoints are mirrored to."""
         from sgd._internal.storage import is_uri
-        from sgd.trainer import results_root
+        from sgd.utils import results_root
 
         name = self.run_config.name or (
             f"{type(self).__name__}_{datetime.datetime.now().strftime('%Y-%m-%d_%H-%M-%S')}")

@@ -124,7 +124,8 @@ class Checkpoint:
 
     def to_directory(self, path: Optional[Union[str, os.PathLike]] = None) -> str:
         """Write the checkpoint to ``path`` (a new temporary directory if ``None``); returns it."""
-        from sgd._internal.storage import get_storage, is_uri
+        from sgd._internal.storage import is_uri
+        from sgd.plugins import get_storage
 
         target = str(path) if path is not None else tempfile.mkdtemp(prefix="sgd_checkpoint_")
         if is_uri(target):
@@ -146,7 +147,8 @@ class Checkpoint:
         A local checkpoint directory is yielded as is (do not change it);
         dicts and remote checkpoints are materialised in a temporary directory.
         """
-        from sgd._internal.storage import get_storage, is_uri
+        from sgd._internal.storage import is_uri
+        from sgd.plugins import get_storage
 
         if self._path is not None and not is_uri(self._path):
             yield self._path

@@ -245,7 +245,7 @@ def _short_value(value: Any) -> str:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from sgd._internal import launch
+    from sgd import launcher as launch
 
     def started(run_dir: Any) -> None:
         print(f"sgd run: {args.num_workers} worker(s), backend {args.backend}; run directory {run_dir}",
@@ -301,7 +301,7 @@ def _cmd_runs_ls(args: argparse.Namespace) -> int:
     import dataclasses
 
     from sgd import runs
-    from sgd.trainer import results_root
+    from sgd.utils import results_root
 
     root = Path(args.logdir).expanduser() if args.logdir else results_root()
     try:

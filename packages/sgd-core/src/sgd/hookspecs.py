@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 import pluggy
 
 if TYPE_CHECKING:
-    from sgd.backend import BackendConfig, BackendSpec
+    from sgd.backend import Backend, BackendConfig, BackendSpec
     from sgd.callbacks import TrainingCallback
     from sgd.trainer import Trainer
     from sgd.worker_group import WorkerGroup
@@ -95,57 +95,68 @@ def sgd_cli_commands(subparsers: Any) -> None:
 
 
 @hookspec
-def sgd_backend_setup(worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
+def sgd_backend_setup(worker_group: WorkerGroup, backend_config: BackendConfig, backend: Backend) -> None:
     """Make the started workers one training job (process group, ``TF_CONFIG``...).
 
     Called by the driver after the workers are started, ranked, and have run
-    the user's ``initialization_hook``; before any training function runs. All
-    implementations are called; core's built-in implementation runs
-    ``backend_config.backend_cls().on_start(...)``, so a backend normally
-    implements :class:`sgd.Backend` instead of this hook. Implement this hook to
-    add to *every* backend's setup (for example to set environment variables).
+    the user's ``initialization_hook``; before any training function runs; and
+    again on the new workers after a restart. All implementations are called;
+    core's built-in implementation runs ``backend.on_start(...)``, so a backend
+    normally implements :class:`sgd.Backend` instead of this hook. Implement this
+    hook to add to *every* backend's setup (for example to set environment variables).
 
     :param worker_group: the started workers, in world-rank order.
     :param backend_config: the configuration the trainer was created with.
+    :param backend: the group's :class:`sgd.Backend` object, made from
+        ``backend_config.backend_cls()`` when the group started; the same object
+        reaches every lifecycle hook of the group until it shuts down (a restart
+        after a failure keeps it), so it may hold state such as a server or a handle.
     """
 
 
 @hookspec
-def sgd_backend_training_start(worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
-    """Prepare the workers for one call of ``Trainer.run`` (called before each run).
+def sgd_backend_training_start(worker_group: WorkerGroup, backend_config: BackendConfig, backend: Backend) -> None:
+    """Prepare the workers for one call of ``Trainer.run`` (called before each run, and
+    before the training function restarts after a failure).
 
     All implementations are called; the built-in one runs
-    ``Backend.on_training_start``.
+    ``backend.on_training_start``.
 
     :param worker_group: the started workers, in world-rank order.
     :param backend_config: the trainer's backend configuration.
+    :param backend: the group's :class:`sgd.Backend` object (see :func:`sgd_backend_setup`).
     """
 
 
 @hookspec
-def sgd_backend_teardown(worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
+def sgd_backend_teardown(worker_group: WorkerGroup, backend_config: BackendConfig, backend: Backend) -> None:
     """Undo :func:`sgd_backend_setup` (destroy process groups...) before the workers stop.
 
-    Called by ``Trainer.shutdown`` while the workers are still alive. All
-    implementations are called; errors are logged, not raised, so that the
-    workers are always released.
+    Called by ``Trainer.shutdown`` while the workers are still alive (not after a
+    failed run: those workers are killed). All implementations are called; errors
+    are logged, not raised, so that the workers are always released. The built-in
+    one runs ``backend.on_shutdown`` last.
 
     :param worker_group: the workers about to be stopped.
     :param backend_config: the trainer's backend configuration.
+    :param backend: the group's :class:`sgd.Backend` object (see :func:`sgd_backend_setup`);
+        it is dropped after this call.
     """
 
 
 @hookspec
 def sgd_backend_handle_failure(
-    worker_group: WorkerGroup, backend_config: BackendConfig, error: BaseException
+    worker_group: WorkerGroup, backend_config: BackendConfig, backend: Backend, error: BaseException
 ) -> None:
     """React to a failed worker group before it is torn down and restarted.
 
     Called when a worker raised or died. All implementations are called; the
-    built-in one runs ``Backend.on_failure``.
+    built-in one runs ``backend.on_failure``.
 
     :param worker_group: the failed group (some actors may be dead).
     :param backend_config: the trainer's backend configuration.
+    :param backend: the group's :class:`sgd.Backend` object; a restart keeps it and
+        calls its ``on_start`` again on the new workers.
     :param error: the error that ended the attempt.
     """
 

@@ -8,15 +8,22 @@ loads only the named entry points.
 from __future__ import annotations
 
 import importlib.metadata
+import logging
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 import pluggy
 
 from sgd import hookspecs
 from sgd.backend import BackendSpec
+
+if TYPE_CHECKING:
+    from sgd.backend import Backend, BackendConfig
+    from sgd.worker_group import WorkerGroup
+
+logger = logging.getLogger("sgd")
 
 ENTRY_POINT_GROUP = "sgd"
 
@@ -118,6 +125,36 @@ def register(plugin: object, name: Optional[str] = None) -> None:
     with _lock:
         state.pm.register(plugin, name=name)
         state.backends = None
+
+
+def run_backend_teardown(worker_group: WorkerGroup, backend_config: BackendConfig, backend: Backend) -> None:
+    """Call every ``sgd_backend_teardown`` implementation (the backend's own last), logging
+    the ones that fail instead of raising: the workers must be released whatever happens.
+
+    For code that sets a backend up on a :class:`~sgd.WorkerGroup` of its own (as
+    ``sgd_horovod.RayExecutor`` does): run it in the group's shutdown hook.
+    """
+    kwargs = {"worker_group": worker_group, "backend_config": backend_config, "backend": backend}
+    for impl in reversed(get_plugin_manager().hook.sgd_backend_teardown.get_hookimpls()):
+        try:
+            impl.function(**{name: kwargs[name] for name in impl.argnames})
+        except Exception:
+            logger.exception("sgd_backend_teardown of plugin %r failed", impl.plugin_name)
+
+
+def get_storage(uri: str) -> Any:
+    """The checkpoint storage object for ``uri`` (through the ``sgd_checkpoint_storage`` hook).
+
+    :raises ValueError: no installed plugin handles the URI's scheme.
+    """
+    storage = get_plugin_manager().hook.sgd_checkpoint_storage(uri=uri)
+    if storage is None:
+        scheme = uri.split("://", 1)[0]
+        raise ValueError(
+            f"no checkpoint storage for {scheme}:// URIs; install pyarrow (and fsspec for fsspec-only "
+            "schemes) or a plugin that provides it (see `sgd plugins`)."
+        )
+    return storage
 
 
 def plugin_distribution(plugin_name: str) -> Optional[str]:

@@ -82,7 +82,7 @@ def resolve_run_dir(path: Union[str, os.PathLike]) -> Path:
 
     :raises FileNotFoundError: no run directory there.
     """
-    from sgd.trainer import results_root
+    from sgd.utils import results_root
 
     given = Path(path).expanduser()
     candidates = [given]

@@ -27,6 +27,7 @@ __all__ = [
     "local_world_size",
     "get_dataset_shard",
     "get_context",
+    "get_session",
 ]
 
 
@@ -154,6 +155,19 @@ def node_rank() -> int:
 def local_world_size() -> int:
     """How many workers run on this worker's node."""
     return _context().local_world_size
+
+
+def get_session() -> Optional[Session]:
+    """The training session running on this worker, or ``None`` outside a training function.
+
+    For plugin authors (framework helpers such as ``sgd_torch.prepare_model`` that need
+    per-run state); training code uses the functions above. A new session is made for
+    every run, so ``get_session() is s`` tells whether run ``s`` is still the current one.
+    Stable attributes: ``context`` (what :func:`get_context` returns) and
+    ``dataset_shard`` (this worker's shard of the ``dataset`` passed to the run, a dict
+    for several datasets, or ``None``).
+    """
+    return STATE.session
 
 
 def get_context() -> WorkerContext:

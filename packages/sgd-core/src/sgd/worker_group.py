@@ -10,14 +10,17 @@ import logging
 import os
 import time
 from collections import OrderedDict
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from sgd._internal.session import WorkerContext
-from sgd._internal.utils import ensure_ray
+from sgd.utils import ensure_ray
+
+if TYPE_CHECKING:
+    from sgd.backend import Backend
 from sgd._internal.worker import WorkerMetadata, remote_worker_class
 
 logger = logging.getLogger("sgd")
@@ -106,6 +109,10 @@ class WorkerGroup:
         self.metadata: List[WorkerMetadata] = []
         self.contexts: List[WorkerContext] = []
         self._shutdown_hooks: List[Callable[[WorkerGroup], None]] = []
+        #: The :class:`sgd.Backend` object set up on this group (by ``Trainer.to_worker_group``,
+        #: a ``Trainer`` run, or ``sgd_horovod.RayExecutor``); ``None`` for a bare group.
+        #: It keeps whatever state its backend holds (a rendezvous server...) until shutdown.
+        self.backend: Optional[Backend] = None
         self.start()
 
     # --- lifecycle ----------------------------------------------------------

@@ -15,7 +15,6 @@ import logging
 import os
 import secrets
 import sys
-import weakref
 from dataclasses import InitVar, dataclass
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
 
@@ -24,7 +23,7 @@ import ray
 from sgd.backend import Backend, BackendConfig
 from sgd_horovod._horovod import INSTALL_HINT, require_horovod
 from sgd_horovod.rendezvous import RendezvousService, Slot, choose_interfaces, network_info, slot_plan
-from sgd_torch.config import _TorchBackend
+from sgd_torch import TorchBackend
 
 if TYPE_CHECKING:
     from sgd.worker_group import WorkerGroup
@@ -140,22 +139,12 @@ def _shutdown_horovod() -> None:
 
 # --- driver side -----------------------------------------------------------------
 
-#: The rendezvous server of each set-up worker group, with the finalizer that stops it.
-_SERVICES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
 
 def rendezvous_service(worker_group: WorkerGroup) -> Optional[RendezvousService]:
-    """The rendezvous server running for ``worker_group`` (``None`` if none)."""
-    entry = _SERVICES.get(worker_group)
-    return entry[0] if entry is not None else None
-
-
-def _stop_service(worker_group: WorkerGroup) -> None:
-    entry = _SERVICES.pop(worker_group, None)
-    if entry is not None:
-        service, finalizer = entry
-        finalizer.detach()
-        service.stop()
+    """The rendezvous server running for ``worker_group`` (``None`` if none): the one its
+    Horovod backend object holds."""
+    backend = getattr(worker_group, "backend", None)
+    return backend.service if isinstance(backend, _HorovodBackend) else None
 
 
 def _secret(key: Optional[Union[str, bytes]]) -> bytes:
@@ -195,14 +184,33 @@ def horovod_env(
 
 
 class _HorovodBackend(Backend):
-    """Rendezvous server on the driver, ``HOROVOD_*`` on the workers; data handling as torch's."""
+    """Rendezvous server on the driver, ``HOROVOD_*`` on the workers; data handling as torch's.
+
+    One object per worker group (sgd keeps it from setup to teardown): it holds the
+    group's rendezvous server in :attr:`service`.
+    """
 
     # Horovod here is Horovod-on-torch: reports and checkpoints hold torch tensors and modules.
-    checkpoint_codec = _TorchBackend.checkpoint_codec
-    encode_data = staticmethod(_TorchBackend.encode_data)
-    encode_checkpoint = _TorchBackend.encode_checkpoint
-    decode_checkpoint = staticmethod(_TorchBackend.decode_checkpoint)
+    checkpoint_codec = TorchBackend.checkpoint_codec
+    encode_data = staticmethod(TorchBackend.encode_data)
+    encode_checkpoint = TorchBackend.encode_checkpoint
+    decode_checkpoint = staticmethod(TorchBackend.decode_checkpoint)
     preload_modules = ("horovod.torch",)
+
+    def __init__(self) -> None:
+        #: The group's rendezvous server while it is set up, else ``None``.
+        self.service: Optional[RendezvousService] = None
+
+    def _stop_service(self) -> None:
+        service, self.service = self.service, None
+        if service is not None:
+            service.stop()
+
+    def __del__(self) -> None:  # a group dropped without teardown must not leave a server running
+        try:
+            self._stop_service()
+        except Exception:
+            pass
 
     def on_start(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
         assert isinstance(backend_config, HorovodConfig)
@@ -211,19 +219,18 @@ class _HorovodBackend(Backend):
         infos = ray.get([worker_group.execute_single_async(i, _probe) for i in range(n)])
         check_probes(infos)
         # A restart sets the same group up again: never reuse a server that saw the old workers.
-        _stop_service(worker_group)
+        self._stop_service()
         plan = slot_plan([m.node_id for m in worker_group.metadata])
         service = RendezvousService(verbose=max(0, backend_config.verbose - 1))
         port = service.start(plan)
-        # Stopped at teardown, on failure, or at the latest when the group is garbage.
-        _SERVICES[worker_group] = (service, weakref.finalize(worker_group, service.stop))
+        self.service = service  # stopped at teardown, on failure, or when this object is garbage
         try:
             envs = horovod_env(plan, infos, backend_config, ray.util.get_node_ip_address(), port)
             ray.get([worker_group.execute_single_async(i, _set_env, env) for i, env in enumerate(envs)])
             if worker_group.num_gpus_per_worker > 0:
-                _TorchBackend._share_cuda_devices(worker_group)
+                TorchBackend.share_cuda_devices(worker_group)
         except BaseException:
-            _stop_service(worker_group)
+            self._stop_service()
             raise
         if backend_config.verbose >= 1:
             logger.info("horovod: Gloo rendezvous for %d workers at %s:%d", n,
@@ -236,7 +243,7 @@ class _HorovodBackend(Backend):
         # Workers that keep Horovod initialised from the last run do not meet again; workers
         # that shut it down meet anew. Either way start from an empty store, so nothing a
         # half-finished rendezvous left behind can be read by the next one.
-        service = rendezvous_service(worker_group)
+        service = self.service
         if service is not None and service.running:
             service.reset(slot_plan([m.node_id for m in worker_group.metadata]))
 
@@ -248,8 +255,8 @@ class _HorovodBackend(Backend):
                 logger.warning("horovod: hvd.shutdown() did not finish on every worker within %.0fs; "
                                "the workers are stopped anyway", SHUTDOWN_TIMEOUT_S)
         finally:
-            _stop_service(worker_group)
+            self._stop_service()
 
     def on_failure(self, worker_group: WorkerGroup, backend_config: BackendConfig, error: BaseException) -> None:
         # The workers are about to be killed; the restart (if any) starts a fresh server.
-        _stop_service(worker_group)
+        self._stop_service()

@@ -28,7 +28,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import ray
 
-from sgd.plugins import get_plugin_manager
+from sgd.plugins import get_plugin_manager, run_backend_teardown
 from sgd.worker_group import WorkerGroup
 from sgd_horovod.config import HorovodConfig, _HorovodBackend
 from sgd_horovod.single import no_collectives
@@ -241,9 +241,10 @@ class RayExecutor:
             preload_modules=_HorovodBackend.preload_modules,
         )
         try:
-            hook = get_plugin_manager().hook
-            hook.sgd_backend_setup(worker_group=group, backend_config=config)
-            group.add_shutdown_hook(lambda wg: _teardown(wg, config))
+            backend = config.backend_cls()  # one object for the group's life (it holds the rendezvous)
+            get_plugin_manager().hook.sgd_backend_setup(worker_group=group, backend_config=config, backend=backend)
+            group.backend = backend
+            group.add_shutdown_hook(lambda wg: run_backend_teardown(wg, config, backend))
             if extra_env_vars:
                 ray.get([w.update_env_vars.remote(extra_env_vars) for w in group])
             ray.get([w.start_executable.remote(executable_cls, executable_args, executable_kwargs) for w in group])
@@ -311,14 +312,3 @@ class RayExecutor:
         state = "started" if self._group is not None else "not started"
         return (f"RayExecutor(num_workers={self.num_workers}, cpus_per_worker={self.cpus_per_worker}, "
                 f"gpus_per_worker={self.gpus_per_worker}, {state})")
-
-
-def _teardown(group: WorkerGroup, config: HorovodConfig) -> None:
-    """Every plugin's backend teardown; one failing does not stop the others."""
-    hook = get_plugin_manager().hook
-    for impl in reversed(hook.sgd_backend_teardown.get_hookimpls()):
-        kwargs = {"worker_group": group, "backend_config": config}
-        try:
-            impl.function(**{name: kwargs[name] for name in impl.argnames})
-        except Exception:
-            logger.exception("sgd_backend_teardown of plugin %r failed", impl.plugin_name)

@@ -9,34 +9,13 @@ import importlib
 import math
 import numbers
 import os
-import re
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
-#: Keys that look like secrets: matched case-insensitively anywhere in a key, at any nesting level.
-SECRET_KEY = re.compile(r"api[_-]?key|token|password|secret", re.IGNORECASE)
+from sgd.redact import SECRET_KEY, is_secret_key, redact  # noqa: F401  (the one rule, re-exported here)
 
 #: How non-finite floats are written where the format has no spelling for them (JSON).
 NON_FINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
-
-
-def is_secret_key(key: Any) -> bool:
-    """Whether a dict key looks like it names a secret (``*api_key*``, ``*token*``, ...)."""
-    return isinstance(key, str) and SECRET_KEY.search(key) is not None
-
-
-def redact(value: Any) -> Any:
-    """A copy of ``value`` without any dict entry whose key looks like a secret.
-
-    Recurses into dicts, lists and tuples; other values are returned as they are.
-    """
-    if isinstance(value, Mapping):
-        return {k: redact(v) for k, v in value.items() if not is_secret_key(k)}
-    if isinstance(value, list):
-        return [redact(v) for v in value]
-    if isinstance(value, tuple):
-        return tuple(redact(v) for v in value)
-    return value
 
 
 def flatten(value: Mapping[str, Any], sep: str = "/", prefix: str = "") -> Dict[str, Any]:

@@ -8,9 +8,9 @@ import tensorflow as tf
 
 
 def _session_has_ray_data_shard() -> bool:
-    from sgd._internal.session import STATE
+    from sgd.session import get_session
 
-    session = STATE.session
+    session = get_session()
     shard = getattr(session, "dataset_shard", None) if session is not None else None
     shards = shard.values() if isinstance(shard, dict) else [shard]
     # A Ray Dataset passed to Trainer.run reaches each worker as its own streaming split.

@@ -59,7 +59,7 @@ class TorchConfig(BackendConfig):
 
     @property
     def backend_cls(self) -> type:
-        return _TorchBackend
+        return TorchBackend
 
     @property
     def name(self) -> str:
@@ -101,7 +101,14 @@ def _destroy_process_group() -> None:
 # --- driver side -----------------------------------------------------------------
 
 
-class _TorchBackend(Backend):
+class TorchBackend(Backend):
+    """The ``"torch"`` backend's lifecycle: ``MASTER_ADDR``/``RANK``... on every worker and
+    one ``torch.distributed`` process group (gloo, or NCCL with GPUs); tensors and modules
+    travel to the driver as CPU tensors.
+
+    Public so that backends built on torch (sgd-horovod) can reuse its data handling.
+    """
+
     checkpoint_codec = "sgd_torch.codec"
     preload_modules = ("torch.distributed",)
 
@@ -110,7 +117,7 @@ class _TorchBackend(Backend):
         use_gpu = worker_group.num_gpus_per_worker > 0
         backend = backend_config.backend or ("nccl" if use_gpu else "gloo")
         if use_gpu:
-            self._share_cuda_devices(worker_group)
+            self.share_cuda_devices(worker_group)
         addr, port = worker_group.execute_single(0, free_address)
         if backend_config.init_method == "env":
             init_method = "env://"
@@ -143,7 +150,7 @@ class _TorchBackend(Backend):
         )
 
     @staticmethod
-    def _share_cuda_devices(worker_group: WorkerGroup) -> None:
+    def share_cuda_devices(worker_group: WorkerGroup) -> None:
         """Let workers on one node see each other's GPUs (needed by NCCL peer-to-peer);
         each still picks its own device through :func:`sgd_torch.get_device`."""
         per_node: Dict[str, List[str]] = {}
@@ -181,6 +188,10 @@ class _TorchBackend(Backend):
     @staticmethod
     def decode_checkpoint(state: Any) -> Any:
         return _from_transport(state)
+
+
+#: The name this class had before it was public.
+_TorchBackend = TorchBackend
 
 
 def _to_cpu(data: Any) -> Any:

@@ -16,9 +16,9 @@ _amp_state: Optional[Tuple[Any, Optional[Any]]] = None
 
 
 def _current_run() -> Any:
-    from sgd._internal.session import STATE
+    from sgd.session import get_session
 
-    return STATE.session  # None outside an sgd worker
+    return get_session()  # None outside an sgd worker
 
 
 def _amp() -> Tuple[bool, Optional[Any]]:

@@ -39,9 +39,9 @@ def make_air_trainable(base: Any) -> Callable[[Dict[str, Any]], None]:
     """A Tune function trainable (with its resources attached) that runs ``base`` per trial."""
     sc = base.scaling_config
     num_workers = sc.num_workers[1] if isinstance(sc.num_workers, tuple) else sc.num_workers
-    from sgd.trainer import _resolve_resources
+    from sgd.utils import resolve_resources
 
-    resources = _resolve_resources(sc.use_gpu, sc.resources_per_worker)
+    resources = resolve_resources(sc.use_gpu, sc.resources_per_worker)
 
     def sgd_trial(config: Dict[str, Any]) -> None:
         from ray import tune

@@ -18,30 +18,27 @@ def sgd_backends():
     return [BackendSpec("base", BackendConfig, provider="sgd-core")]
 
 
-def _backend(backend_config):
-    return backend_config.backend_cls()
-
-
-# The backend's own setup runs first, so that other plugins' setup sees a ready group;
-# its teardown runs last.
+# ``backend`` is the group's one Backend object (made when the group starts, kept until it
+# shuts down). The backend's own setup runs first, so that other plugins' setup sees a ready
+# group; its teardown runs last.
 @hookimpl(tryfirst=True)
-def sgd_backend_setup(worker_group, backend_config):
-    _backend(backend_config).on_start(worker_group, backend_config)
+def sgd_backend_setup(worker_group, backend_config, backend):
+    backend.on_start(worker_group, backend_config)
 
 
 @hookimpl
-def sgd_backend_training_start(worker_group, backend_config):
-    _backend(backend_config).on_training_start(worker_group, backend_config)
+def sgd_backend_training_start(worker_group, backend_config, backend):
+    backend.on_training_start(worker_group, backend_config)
 
 
 @hookimpl(trylast=True)
-def sgd_backend_teardown(worker_group, backend_config):
-    _backend(backend_config).on_shutdown(worker_group, backend_config)
+def sgd_backend_teardown(worker_group, backend_config, backend):
+    backend.on_shutdown(worker_group, backend_config)
 
 
 @hookimpl
-def sgd_backend_handle_failure(worker_group, backend_config, error):
-    _backend(backend_config).on_failure(worker_group, backend_config, error)
+def sgd_backend_handle_failure(worker_group, backend_config, backend, error):
+    backend.on_failure(worker_group, backend_config, error)
 
 
 @hookimpl

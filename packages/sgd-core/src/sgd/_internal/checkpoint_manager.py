@@ -115,7 +115,7 @@ class CheckpointManager:
         :param metrics: the report of the lowest rank that passed one: scored by the
             strategy and stored with the checkpoint.
         """
-        from sgd._internal.session import DirectCheckpoint, DirectoryFiles
+        from sgd._internal.protocol import DirectCheckpoint, DirectoryFiles
 
         given = [p for p in payloads if p is not None]
         first, extra = given[0], [p for p in given[1:] if isinstance(p, DirectoryFiles)]
@@ -236,7 +236,7 @@ class CheckpointManager:
         return f"{self.mirror}/{name}"
 
     def _mirror_storage(self) -> Any:
-        from sgd._internal.storage import get_storage
+        from sgd.plugins import get_storage
 
         assert self.mirror is not None
         return get_storage(self.mirror)
@@ -273,9 +273,10 @@ class CheckpointManager:
 
 def json_safe(value: Any) -> Any:
     """``value`` as JSON can hold it (secrets dropped, like results.jsonl)."""
-    from sgd._internal.run_dir import _finite, _json_default, redact
+    from sgd._internal.json_values import finite, json_default
+    from sgd.redact import redact
 
-    return json.loads(json.dumps(_finite(redact(value)), default=_json_default))
+    return json.loads(json.dumps(finite(redact(value)), default=json_default))
 
 
 def _update_metadata(meta_file: Path, extra: Dict[str, Any]) -> None:

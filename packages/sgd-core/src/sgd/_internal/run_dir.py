@@ -9,63 +9,19 @@
 
 from __future__ import annotations
 
-import functools
 import json
-import math
-import re
 import time
 from pathlib import Path
 from typing import IO, Any, Dict, List, Optional, Tuple
 
 from sgd._internal.checkpoint_manager import latest_checkpoint_in
+from sgd._internal.json_values import finite, json_default
 from sgd.checkpoint import METADATA_FILE, Checkpoint
+from sgd.redact import redact
 
 RESULTS_FILE = "results.jsonl"
 SETTINGS_FILE = "trainer.json"
 STATUS_FILE = "status.json"
-
-
-def _json_default(value: Any) -> Any:
-    if hasattr(value, "tolist"):  # numpy arrays and torch tensors
-        try:
-            return value.tolist()
-        except Exception:
-            pass
-    if hasattr(value, "item"):
-        try:
-            return value.item()
-        except Exception:
-            pass
-    return repr(value)
-
-
-_SECRET = re.compile(r"api[_-]?key|token|password|secret", re.IGNORECASE)
-
-
-@functools.lru_cache(maxsize=4096)
-def is_secret_key(key: str) -> bool:
-    """Keys that look like credentials never reach a file (same rule as sgd-loggers)."""
-    return bool(_SECRET.search(key))
-
-
-def redact(value: Any) -> Any:
-    """``value`` without dict entries whose key looks like a secret, at any depth."""
-    if isinstance(value, dict):
-        return {k: redact(v) for k, v in value.items() if not (isinstance(k, str) and is_secret_key(k))}
-    if isinstance(value, (list, tuple)):
-        return [redact(v) for v in value]
-    return value
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        # Strict JSON has no NaN/Infinity; spelled as sgd-loggers spells them.
-        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    return value
 
 
 class RunDirectory:
@@ -119,9 +75,9 @@ class RunDirectory:
             self._results = open(self.path / RESULTS_FILE, "a", encoding="utf-8")
         results = redact(results)
         try:
-            line = json.dumps(results, default=_json_default, allow_nan=False)
+            line = json.dumps(results, default=json_default, allow_nan=False)
         except ValueError:
-            line = json.dumps(_finite(results), default=_json_default)
+            line = json.dumps(finite(results), default=json_default)
         self._results.write(line + "\n")
         self._results.flush()  # reaches the OS at once: survives a killed driver
 

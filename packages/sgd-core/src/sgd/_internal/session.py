@@ -24,8 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
-REPORT = "report"
-CHECKPOINT = "checkpoint"
+from sgd._internal.protocol import (
+    CHECKPOINT,
+    CHECKPOINT_KEY,
+    REPORT,
+    DirectCheckpoint,
+    DirectoryFiles,
+    DirectWrite,
+    RemoteError,
+)
 
 #: How many items a worker may buffer ahead of the driver before ``report`` blocks.
 DEFAULT_MAX_PENDING = int(os.environ.get("SGD_MAX_PENDING_RESULTS", "1024"))
@@ -78,53 +85,6 @@ class WorkerContext:
     def get_trial_id(self) -> Optional[str]:
         """The Ray Tune trial's id when the run is a Tune trial, else ``None``."""
         return self.trial_id
-
-
-@dataclass
-class RemoteError:
-    """A user exception captured on a worker, shipped to the driver."""
-
-    exc_bytes: Optional[bytes]
-    type_name: str
-    message: str
-    traceback: str
-    world_rank: int
-    pid: int
-    hostname: str
-
-
-class DirectCheckpoint:
-    """A checkpoint rank 0 wrote itself into the driver's checkpoint folder (same node):
-    only its temporary path and score travel; the driver finalises and renames it."""
-
-    __slots__ = ("path", "score_values")
-
-    def __init__(self, path: str, score_values: Dict[str, Any]):
-        self.path = path
-        self.score_values = score_values
-
-
-@dataclass
-class DirectWrite:
-    """Where and how rank 0 writes checkpoints itself (see :class:`DirectCheckpoint`)."""
-
-    directory: str
-    codec: str
-    score_attribute: str
-
-
-#: Key of a report dict that carries the checkpoint passed with it (``sgd.report(m, checkpoint=c)``);
-#: the driver removes it before anyone else sees the report.
-CHECKPOINT_KEY = "_sgd_checkpoint"
-
-
-class DirectoryFiles:
-    """A directory checkpoint's files, sent to the driver (a worker not on the driver's node)."""
-
-    __slots__ = ("files",)
-
-    def __init__(self, files: Dict[str, bytes]):
-        self.files = files
 
 
 class _Item:

@@ -1,5 +1,5 @@
 """Checkpoint storage: local paths are plain files; URIs go through the
-``sgd_checkpoint_storage`` hook. Core's built-in plugin answers for any URI
+``sgd_checkpoint_storage`` hook (:func:`sgd.plugins.get_storage`). Core's built-in plugin answers for any URI
 that ``pyarrow.fs`` understands (``file://``, ``s3://``, ``gs://``, ``hdfs://``)
 and for fsspec URIs (``memory://`` and others) when fsspec is installed.
 """
@@ -59,20 +59,3 @@ class PyArrowStorage:
     def delete_dir(self, uri: str) -> None:
         _, path = self.for_uri(uri)
         self.fs.delete_dir(path)
-
-
-def get_storage(uri: str) -> Any:
-    """The storage object for ``uri`` (through the ``sgd_checkpoint_storage`` hook).
-
-    :raises ValueError: no installed plugin handles the URI's scheme.
-    """
-    from sgd.plugins import get_plugin_manager
-
-    storage = get_plugin_manager().hook.sgd_checkpoint_storage(uri=uri)
-    if storage is None:
-        scheme = uri.split("://", 1)[0]
-        raise ValueError(
-            f"no checkpoint storage for {scheme}:// URIs; install pyarrow (and fsspec for fsspec-only "
-            "schemes) or a plugin that provides it (see `sgd plugins`)."
-        )
-    return storage

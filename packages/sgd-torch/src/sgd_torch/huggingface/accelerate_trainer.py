@@ -109,7 +109,7 @@ class AccelerateTrainer(TorchTrainer):
         dataset_config: Optional[Dict[str, DatasetConfig]] = None,
         metadata: Optional[Dict[str, Any]] = None,
     ):
-        from sgd._internal.utils import wrap_train_func
+        from sgd.utils import wrap_train_func
 
         if not callable(train_loop_per_worker):
             raise TypeError(f"train_loop_per_worker must be a function, got {type(train_loop_per_worker).__name__}")
@@ -149,7 +149,7 @@ class AccelerateTrainer(TorchTrainer):
         trainer = super().restore(path, train_loop_config=train_loop_config, datasets=datasets, **overrides)
         assert isinstance(trainer, AccelerateTrainer)
         if train_loop_per_worker is not None:
-            from sgd._internal.utils import wrap_train_func
+            from sgd.utils import wrap_train_func
 
             wrap_train_func(train_loop_per_worker, trainer.train_loop_config)  # its signature, checked now
             trainer.train_loop_function = train_loop_per_worker
@@ -312,7 +312,7 @@ def accelerate_env(config: Mapping[str, Any]) -> Tuple[Dict[str, str], Optional[
 
 def _train_loop_per_worker(train_loop_per_worker: Callable[..., Any], env: Dict[str, str],
                            num_threads: Optional[int], config: Dict[str, Any]) -> Any:
-    from sgd._internal.utils import wrap_train_func
+    from sgd.utils import wrap_train_func
     from sgd_torch.huggingface._worker import worker_environment
 
     with worker_environment(env, num_threads=num_threads):

@@ -12,7 +12,7 @@ work in it and a killed worker restarts the script from the top. The pieces:
   through the ``sgd_backend_training_start`` hook. The backend sets its own
   (``MASTER_ADDR``/``MASTER_PORT`` for torch, ``TF_CONFIG``...).
 - Output: the script's ``sys.stdout``/``sys.stderr`` reach the driver line by line
-  with a ``[rank N]`` prefix (:mod:`sgd._internal.launch_output`).
+  with a ``[rank N]`` prefix (:mod:`sgd.launcher.output`).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from sgd._internal.launch_output import OutputChannel, OutputPrinter, OutputPump, start_sink, text_stream
 from sgd.hookspecs import hookimpl
+from sgd.launcher.output import OutputChannel, OutputPrinter, OutputPump, start_sink, text_stream
 
 
 class ScriptExitError(RuntimeError):
@@ -63,9 +63,10 @@ class ScriptRunner:
     sink: Any = None
 
     def __call__(self) -> None:
-        from sgd._internal.session import STATE
+        from sgd.session import get_session
 
-        rank = STATE.context.world_rank if STATE.context is not None else 0
+        session = get_session()
+        rank = session.context.world_rank if session is not None else 0
         saved_argv, saved_path, saved_out, saved_err = sys.argv, list(sys.path), sys.stdout, sys.stderr
         saved_cwd = os.getcwd()
         channel = OutputChannel(self.sink, rank) if self.sink is not None else None
@@ -274,7 +275,7 @@ class LaunchResult:
 
 def failure_message(error: BaseException) -> str:
     """What ``sgd run`` prints for ``error``: the failing rank and its remote traceback."""
-    from sgd._internal.backend_executor import WorkerError
+    from sgd.errors import WorkerError
 
     if isinstance(error, ScriptExitError):
         return f"worker rank {error.world_rank} exited with status {error.code}"
@@ -358,8 +359,8 @@ def launch(
     :returns: a :class:`LaunchResult`; errors inside the run are returned, not raised.
     :raises LaunchError: bad input, found before any worker starts.
     """
-    from sgd._internal.utils import ensure_ray
     from sgd.trainer import Trainer
+    from sgd.utils import ensure_ray
 
     resolved = resolve_script(target, module)
     if isinstance(backend, str):

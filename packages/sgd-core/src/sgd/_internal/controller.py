@@ -1,0 +1,277 @@
+"""One owner for a run's lifecycle: start the group, start training, collect rounds, decide
+on failure, resize, finish.
+
+:class:`RunController` holds a trainer's :class:`~sgd._internal.backend_executor.BackendExecutor`
+for as long as its workers are up. :meth:`RunController.start` places the group with
+retries; :meth:`RunController.begin` starts one run and returns its :class:`ActiveRun`, which
+hands out decoded report rounds (persisted, then given to the hooks and callbacks) and
+recovers from worker deaths. One :class:`FailurePolicy` decides every failure the same way,
+whatever the phase (group start, ``initialization_hook``, run start, mid-run): a
+:class:`~sgd.errors.WorkerDiedError` is retried while ``max_retries`` allows, then ends in
+:class:`~sgd.errors.TrainingFailedError` whose ``__cause__`` is the last death. Any other error
+(a user exception on a worker, a callback's exception) ends the run at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from sgd._internal.backend_executor import BackendExecutor
+from sgd._internal.checkpoint_manager import CheckpointManager
+from sgd._internal.protocol import DirectCheckpoint, DirectWrite, Round
+from sgd._internal.rounds import RoundCollector
+from sgd._internal.run_dir import RunDirectory
+from sgd.callbacks import TrainingCallback
+from sgd.data import DatasetConfig, shard_datasets, shards_survive_restart
+from sgd.errors import TrainingFailedError, WorkerDiedError
+from sgd.plugins import get_plugin_manager
+from sgd.worker_group import WorkerGroup
+
+logger = logging.getLogger("sgd")
+
+
+class FailurePolicy:
+    """Counts worker deaths against ``max_retries`` (``-1``: unlimited).
+
+    :meth:`record` returns when one more attempt is allowed and raises
+    :class:`TrainingFailedError` (from the death) when the retries are spent.
+    """
+
+    def __init__(self, max_retries: int):
+        self.max_retries = max_retries
+        self.failures = 0
+
+    def record(self, error: WorkerDiedError, phase: str) -> None:
+        self.failures += 1
+        limit = self.max_retries
+        if limit != -1 and self.failures > limit:
+            n = self.failures
+            raise TrainingFailedError(
+                f"training failed after {n} attempt{'s' if n != 1 else ''} (max_retries={limit}); "
+                f"last failure, while {phase}: {error}"
+            ) from error
+        logger.warning("%s; restarting the workers (failure %d of %s)", error, self.failures,
+                       "unlimited" if limit == -1 else limit)
+
+
+@dataclass
+class RunSpec:
+    """Everything one run needs, prepared by :meth:`sgd.Trainer.run_iterator`."""
+
+    train_func: Callable[[], Any]
+    config: Dict[str, Any]
+    callbacks: List[TrainingCallback]
+    checkpoint: Optional[dict]
+    dataset: Any
+    dataset_config: Optional[Dict[str, DatasetConfig]]
+    run_dir: RunDirectory
+    manager: CheckpointManager
+    #: what ``sgd.get_context()`` tells the workers about this run (experiment, trial...).
+    worker_run_info: Dict[str, Optional[str]] = field(default_factory=dict)
+    #: given to ``sgd_handle_result`` with every round.
+    run_info: Dict[str, Any] = field(default_factory=dict)
+
+
+class RunController:
+    """Owns a trainer's worker group from ``start`` to ``shutdown`` and each run on it."""
+
+    def __init__(self, executor: BackendExecutor, max_retries: int):
+        self.executor = executor
+        self.max_retries = max_retries
+
+    @property
+    def worker_group(self) -> Optional[WorkerGroup]:
+        return self.executor.worker_group
+
+    def start(
+        self,
+        initialization_hook: Optional[Callable[[], Any]] = None,
+        actor_cls: Optional[type] = None,
+        actor_cls_args: Optional[tuple] = None,
+        actor_cls_kwargs: Optional[dict] = None,
+    ) -> WorkerGroup:
+        """Start the group (hook and backend setup included), retrying worker deaths.
+
+        :raises TrainingFailedError: workers kept dying past ``max_retries``.
+        """
+        policy = FailurePolicy(self.max_retries)
+        while True:
+            try:
+                return self.executor.start(initialization_hook, actor_cls, actor_cls_args, actor_cls_kwargs)
+            except WorkerDiedError as exc:
+                policy.record(exc, "starting the workers")
+
+    def begin(self, spec: RunSpec) -> ActiveRun:
+        """Start one run. Never raises for a failure of the run itself: that comes out of
+        :meth:`ActiveRun.next`."""
+        return ActiveRun(self, spec)
+
+    def shutdown(self) -> None:
+        self.executor.shutdown()
+
+
+class ActiveRun:
+    """One run on a controller's group: rounds in, results out, deaths recovered."""
+
+    def __init__(self, controller: RunController, spec: RunSpec):
+        self._executor = controller.executor
+        self._spec = spec
+        self._manager = spec.manager
+        self._policy = FailurePolicy(controller.max_retries)
+        self._hook = get_plugin_manager().hook
+        self._shards: Dict[int, Optional[List[Any]]] = {}
+        self._delivered_iteration = spec.run_dir.last_iteration()
+        self._rounds: Optional[RoundCollector] = None
+        self.finished = False
+        self.returns: Optional[List[Any]] = None
+        # A failure while the run starts is held and comes out of the first next().
+        self._start_error: Optional[BaseException] = None
+        resumed = self._delivered_iteration > 0
+        for cb in spec.callbacks:
+            cb.start_training(logdir=str(spec.run_dir.path), config=spec.config, resumed=resumed,
+                              start_iteration=self._delivered_iteration)
+        try:
+            self._rounds = self._start(spec.checkpoint, self._manager.latest_iteration if spec.checkpoint else 0)
+        except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt):
+                self.finish(error=True, exc=exc)
+                raise
+            self._start_error = exc
+
+    # --- starting and recovering -----------------------------------------------------------
+
+    def _start(self, checkpoint: Optional[dict], start_iteration: int) -> RoundCollector:
+        executor, spec = self._executor, self._spec
+        group = executor.worker_group
+        if group is None:
+            raise RuntimeError("the trainer was shut down while a run was starting")
+        n = executor.num_workers
+        if spec.dataset is not None and n not in self._shards:
+            # Split once per start of the group (see _recover for why restarts split again).
+            hints = [m.node_id for m in group.metadata]
+            self._shards = {n: shard_datasets(spec.dataset, n, spec.dataset_config, hints, list(group.workers))}
+        shards = self._shards.get(n) if spec.dataset is not None else None
+        direct = None
+        if self._manager.strategy.num_to_keep != 0 and executor.rank0_on_driver_node():
+            # Rank 0 shares the driver's disk: it writes checkpoints itself, no transfer.
+            self._manager.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+            direct = DirectWrite(str(self._manager.checkpoint_dir), self._manager.codec,
+                                 self._manager.strategy.checkpoint_score_attribute)
+        return executor.start_training(spec.train_func, checkpoint, shards, start_iteration, direct,
+                                       spec.worker_run_info)
+
+    def _recover(self, error: WorkerDiedError, phase: str) -> None:
+        """Restart the workers and the training function from the latest checkpoint, as
+        often as the failure policy allows (a worker may also die while restarting)."""
+        while True:
+            self._policy.record(error, phase)
+            try:
+                self._executor.restart(error)
+                self._manager.remove_temporary()  # the old workers are gone, mid-write or not
+                # Ray Data's streaming split counts a dead consumer that had reached its
+                # epoch barrier and cannot forget it: a restarted group needs a new split.
+                # Materialised shards (DatasetConfig(streaming=False)) are reused.
+                if not shards_survive_restart(self._spec.dataset, self._spec.dataset_config):
+                    self._shards = {}
+                state = self._manager.latest()
+                if state is not None:
+                    self._rounds = self._start(state, self._manager.latest_iteration)
+                else:
+                    self._rounds = self._start(self._spec.checkpoint, 0)
+                return
+            except WorkerDiedError as exc:
+                error, phase = exc, "restarting"
+
+    # --- rounds --------------------------------------------------------------------------------
+
+    def next(self) -> Optional[List[Dict[str, Any]]]:
+        """The next report round (one dict per worker), or ``None`` once the run finished.
+
+        :raises TrainingFailedError: workers died more often than ``max_retries`` allows.
+        :raises Exception: a worker's exception, with its own type (see :class:`sgd.WorkerError`).
+        """
+        if self.finished:
+            return None
+        try:
+            if self._start_error is not None:
+                error, self._start_error = self._start_error, None
+                if not isinstance(error, WorkerDiedError):
+                    raise error
+                self._recover(error, "starting the run")
+            while True:
+                assert self._rounds is not None
+                try:
+                    round_ = self._rounds.next_round()
+                except WorkerDiedError as exc:
+                    self._recover(exc, "training")
+                    continue
+                if round_ is None:
+                    self.returns = self._rounds.returns
+                    self.finish(error=False)
+                    return None
+                results = self._deliver(round_)
+                if results is not None:
+                    return results
+        except BaseException as exc:
+            self.finish(error=True, exc=exc)
+            raise
+
+    def _deliver(self, round_: Round) -> Optional[List[Dict[str, Any]]]:
+        """Persist one round and hand it to the hooks and callbacks; ``None`` when there is
+        nothing to hand out (a checkpoint round, a round replayed after a restart)."""
+        manager = self._manager
+        if round_.is_checkpoint:
+            state = round_.saved_state
+            if isinstance(state, DirectCheckpoint):
+                manager.register_written(Path(state.path), state.score_values, self._delivered_iteration)
+            else:
+                manager.register(self._executor.decode_checkpoint(state), self._delivered_iteration)
+            return None
+        iteration = round_.iteration
+        if iteration <= self._delivered_iteration:
+            _discard(round_.checkpoints)
+            return None  # replayed after a restart: callbacks already have it
+        self._delivered_iteration = iteration
+        results = round_.results
+        self._spec.run_dir.append_results(results)
+        if round_.has_reported_checkpoint:
+            # After the results line: a driver that dies in between resumes from an older
+            # checkpoint and replays (de-duplicated), never skips, this round.
+            first = next(i for i, c in enumerate(round_.checkpoints) if c is not None)
+            manager.register_reported(round_.checkpoints, results[first], iteration,
+                                      decode=self._executor.decode_checkpoint)
+        self._hook.sgd_handle_result(results=results, run_info=self._spec.run_info)
+        for cb in self._spec.callbacks:
+            cb.handle_result(results)
+        return results
+
+    # --- the end ----------------------------------------------------------------------------------
+
+    def finish(self, error: bool, exc: Optional[BaseException] = None) -> None:
+        """End the run once: close the run directory, release or stop the workers, tell the callbacks."""
+        if self.finished:
+            return
+        self.finished = True
+        self._spec.run_dir.close(error, interrupted=isinstance(exc, KeyboardInterrupt))
+        self._executor.end_training(ok=not error, error=exc)
+        self._manager.remove_temporary()
+        for cb in self._spec.callbacks:
+            try:
+                cb.finish_training(error=error)
+            except Exception:
+                if not error:
+                    raise
+                logger.exception("callback %r failed in finish_training", cb)
+
+
+def _discard(payloads: List[Any]) -> None:
+    for p in payloads:
+        if isinstance(p, DirectCheckpoint):
+            shutil.rmtree(p.path, ignore_errors=True)
+
+
+__all__: Tuple[str, ...] = ("ActiveRun", "FailurePolicy", "RunController", "RunSpec")

@@ -1,0 +1,214 @@
+"""Collecting report rounds: one item from every worker, in order, decoded.
+
+:class:`RoundCollector` keeps one open poll per worker (each returns a batch of items) and
+one *watch* call per worker that fails as soon as its process dies, and lines the items up
+into rounds. It raises :class:`~sgd.errors.WorkerDiedError` for a death and re-raises a
+worker's user exception (after handing out the rounds every worker had already reported).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections import deque
+from typing import Any, Deque, Dict, List, Optional, Tuple
+
+import ray
+from ray.exceptions import RayActorError
+
+from sgd._internal.protocol import CHECKPOINT, RemoteError, Round, decode_round
+from sgd.errors import WorkerDiedError, WorkerError
+
+#: Most items one poll returns.
+POLL_BATCH = 4096
+#: After a worker error, how long to collect the reports other workers had already made.
+ERROR_DRAIN_S = 1.0
+#: An error that reads like a peer's death (its collective lost the connection) is held this
+#: long while the driver watches for the death itself, which restarts the group instead.
+PEER_FAILURE_GRACE_S = float(os.environ.get("SGD_PEER_FAILURE_GRACE_S", "10"))
+_PEER_FAILURE = re.compile(
+    r"connection (reset|closed) by peer|broken pipe|connection refused|socket closed|"
+    r"communicator was aborted|nccl.*(remote|abort|error)|gloo/transport|gloo.*(timed out|timeout|connect)|"
+    r"DistBackendError",
+    re.IGNORECASE,
+)
+
+
+def looks_like_peer_failure(err: RemoteError) -> bool:
+    """Whether a worker's error is what a collective raises when another worker died."""
+    return bool(_PEER_FAILURE.search(f"{err.type_name}: {err.message}"))
+
+
+def raise_remote(err: RemoteError) -> None:
+    head = f"worker rank {err.world_rank} (pid {err.pid} on {err.hostname}) raised {err.type_name}: {err.message}"
+    cause = WorkerError(f"{head}\n\nRemote traceback:\n{err.traceback}", err.world_rank, err.traceback)
+    exc: Optional[BaseException] = None
+    if err.exc_bytes is not None:
+        import ray.cloudpickle as cloudpickle
+
+        try:
+            exc = cloudpickle.loads(err.exc_bytes)
+        except Exception:
+            exc = None
+    if exc is None:
+        raise cause
+    if hasattr(exc, "add_note"):
+        exc.add_note(f"[sgd] raised on {head.split(' raised ')[0]}; remote traceback above")
+    exc.sgd_world_rank = err.world_rank  # type: ignore[attr-defined]
+    raise exc from cause
+
+
+class RoundCollector:
+    """Collects per-worker batches into rounds (one item per worker), in order."""
+
+    def __init__(self, workers: List[Any]):
+        n = len(workers)
+        self._workers = workers
+        self._pending: List[Deque[Tuple[str, Any]]] = [deque() for _ in range(n)]
+        self._done = [False] * n
+        self._kind_counts: List[Dict[str, int]] = [{} for _ in range(n)]
+        self.returns: List[Any] = [None] * n
+        self._error: Optional[RemoteError] = None
+        self._drain_deadline = 0.0
+        self._inflight: Dict[ray.ObjectRef, int] = {}  # open poll → worker index
+        self._polling: set = set()  # indices of the workers with an open poll
+        # One open call per worker that errors as soon as its process dies, so a
+        # death is seen even while the driver waits on another worker's poll.
+        self._watches: Dict[ray.ObjectRef, int] = {w._sgd_watch.remote(): i for i, w in enumerate(workers)}
+
+    def next_round(self) -> Optional[Round]:
+        """The next decoded round, or ``None`` when every worker finished.
+
+        When a worker raised, the rounds every worker had already reported are still
+        returned (callbacks see them), then the error is raised.
+        """
+        while True:
+            if all(self._pending):
+                items = [p.popleft() for p in self._pending]
+                kinds = {k for k, _ in items}
+                if len(kinds) > 1 and self._error is None:
+                    self._mismatch_kinds(items)
+                return decode_round(items[0][0], [d for _, d in items])
+            if self._error is not None:
+                self._drain_or_raise()
+                continue
+            if all(self._done):
+                if any(self._pending):
+                    self._mismatch()
+                return None
+            if any(self._done[i] and not self._pending[i] for i in range(len(self._pending))) and any(
+                self._pending
+            ):
+                self._mismatch()
+            for i in range(len(self._workers)):
+                if not self._pending[i] and not self._done[i]:
+                    self._poll(i)
+            ready, _ = ray.wait(list(self._inflight) + list(self._watches), num_returns=1)
+            for ref in ready:
+                if ref in self._watches:
+                    self._check_watch(ref)
+                    continue
+                i = self._inflight.pop(ref)
+                self._polling.discard(i)
+                batch, finished, value, error = self._get(ref, i)
+                if error is not None and self._error is None:
+                    self._error = error
+                    self._drain_deadline = time.monotonic() + ERROR_DRAIN_S
+                counts = self._kind_counts[i]
+                for kind, _ in batch:
+                    counts[kind] = counts.get(kind, 0) + 1
+                self._take(i, batch, finished, value)
+
+    def _poll(self, i: int) -> None:
+        """Open a poll on worker ``i`` unless one is open."""
+        if i not in self._polling:
+            self._polling.add(i)
+            self._inflight[self._workers[i]._sgd_poll.remote(POLL_BATCH)] = i
+
+    @staticmethod
+    def _get(ref: Any, i: int) -> Any:
+        try:
+            return ray.get(ref)
+        except RayActorError as exc:
+            raise WorkerDiedError(f"worker rank {i} died: {short_error(exc)}", i) from exc
+
+    def _take(self, i: int, batch: List[Tuple[str, Any]], finished: bool, value: Any) -> None:
+        self._pending[i].extend(batch)
+        if finished:
+            self._done[i] = True
+            self.returns[i] = value
+
+    def _drain_or_raise(self) -> None:
+        """After a worker error: collect reports the others had already made (briefly: a
+        worker blocked in a collective will make none), or raise the error."""
+        assert self._error is not None
+        waiting = [i for i, p in enumerate(self._pending) if not p]
+        if any(self._done[i] for i in waiting):
+            self._raise_error()  # a finished worker has nothing more: no round can form
+        for i in waiting:
+            self._poll(i)
+        timeout = self._drain_deadline - time.monotonic()
+        ready: List[Any] = []
+        if timeout > 0:
+            ready, _ = ray.wait(list(self._inflight) + list(self._watches), num_returns=1, timeout=timeout)
+        if not ready:
+            self._raise_error()
+        for ref in ready:
+            if ref in self._watches:
+                self._check_watch(ref)
+                continue
+            i = self._inflight.pop(ref)
+            self._polling.discard(i)
+            batch, finished, value, _ = self._get(ref, i)
+            self._take(i, batch, finished, value)
+
+    def _check_watch(self, ref: Any) -> None:
+        """A watch call returned: fine if the worker's run ended, a death otherwise."""
+        self._get(ref, self._watches.pop(ref))
+
+    def _raise_error(self) -> None:
+        """Raise the worker's error, unless a worker died: a peer's death makes the others'
+        collectives fail ("Connection reset by peer"), and that error can reach the driver
+        before the death does. Such an error waits up to ``PEER_FAILURE_GRACE_S`` for it."""
+        assert self._error is not None
+        grace = PEER_FAILURE_GRACE_S if looks_like_peer_failure(self._error) else 0.0
+        deadline = time.monotonic() + grace
+        while self._watches:
+            ready, _ = ray.wait(list(self._watches), num_returns=1,
+                                timeout=max(0.0, deadline - time.monotonic()))
+            for ref in ready:
+                self._check_watch(ref)
+            if time.monotonic() >= deadline:
+                break
+        raise_remote(self._error)
+
+    def _describe(self) -> str:
+        parts = []
+        for i, counts in enumerate(self._kind_counts):
+            reports = counts.get("report", 0)
+            ckpts = counts.get(CHECKPOINT, 0)
+            state = "finished" if self._done[i] else "running"
+            parts.append(f"rank {i}: {reports} report(s), {ckpts} checkpoint(s) so far, {state}")
+        return "; ".join(parts)
+
+    def _mismatch(self) -> None:
+        raise RuntimeError(
+            "workers called sgd.report / sgd.save_checkpoint a different number of times "
+            f"({self._describe()}). Every worker must report and checkpoint the same number of times."
+        )
+
+    def _mismatch_kinds(self, items: List[Tuple[str, Any]]) -> None:
+        detail = ", ".join(
+            f"rank {i} called {'save_checkpoint' if k == CHECKPOINT else 'report'}" for i, (k, _) in enumerate(items)
+        )
+        raise RuntimeError(
+            f"workers are out of step: {detail} at the same point. Every worker must call "
+            "sgd.report and sgd.save_checkpoint in the same order."
+        )
+
+
+def short_error(exc: BaseException) -> str:
+    """The first line of Ray's (long) actor-death message."""
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__
