@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 import sgd
-from sgd.plugins import get_plugin_manager
 from sgd._internal.checkpoint_manager import CheckpointManager, latest_checkpoint_in
 from sgd.checkpoint import METADATA_FILE
+from sgd.plugins import get_plugin_manager
 
 # --- CheckpointStrategy ---------------------------------------------------------------
 

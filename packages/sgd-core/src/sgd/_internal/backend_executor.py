@@ -15,6 +15,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from sgd._internal.session import CHECKPOINT, DEFAULT_MAX_PENDING, DirectWrite, RemoteError
+from sgd._internal.unsendable import recover_poll
 from sgd._internal.utils import ensure_ray
 from sgd.backend import BackendConfig
 from sgd.plugins import get_plugin_manager
@@ -144,6 +145,8 @@ class RunState:
                     batch, finished, value, error = ray.get(ref)
                 except RayActorError as exc:
                     raise WorkerDiedError(f"worker rank {i} died: {_short(exc)}", i) from exc
+                except TypeError as exc:  # a reported value that cannot be pickled
+                    batch, finished, value, error = recover_poll(self._workers[i], exc)
                 if error is not None and self._error is None:
                     self._error = error
                     self._drain_deadline = time.monotonic() + ERROR_DRAIN_S
@@ -180,6 +183,8 @@ class RunState:
                 batch, finished, value, _ = ray.get(ref)
             except RayActorError as exc:
                 raise WorkerDiedError(f"worker rank {i} died: {_short(exc)}", i) from exc
+            except TypeError as exc:  # a reported value that cannot be pickled
+                batch, finished, value, _ = recover_poll(self._workers[i], exc)
             self._pending[i].extend(batch)
             if finished:
                 self._done[i] = True
