@@ -132,6 +132,28 @@ class Checkpoint:
             raise FileNotFoundError(f"no checkpoint directory at {path}")
         return cls(path=path, trusted=trusted)
 
+    @classmethod
+    def newest_in(cls, folder: Union[str, os.PathLike], trusted: Optional[bool] = None) -> Optional[Checkpoint]:
+        """The newest checkpoint in a run's ``checkpoints`` folder that verifies, loaded;
+        ``None`` if the folder holds none. ``folder`` may be a storage URI (``s3://...``): a
+        driver with nothing on its local disk resumes with ``trainer.run(f, checkpoint=...)``.
+        Newer checkpoints that do not verify are skipped with a warning naming each.
+
+        :raises CheckpointIntegrityError: there are checkpoints and none verifies.
+        """
+        from sgd._internal.storage import get_storage, is_uri
+
+        if not is_uri(str(folder)):
+            state, _, _ = integrity.newest_loadable(Path(folder), trusted)
+            return cls.from_dict(state) if state is not None else None
+        tmp = tempfile.mkdtemp(prefix="sgd_checkpoints_")
+        try:
+            get_storage(str(folder)).download_dir(str(folder), tmp)
+            state, _, _ = integrity.newest_loadable(Path(tmp), trusted)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return cls.from_dict(state) if state is not None else None
+
     # --- accessors ------------------------------------------------------------------
 
     @property
