@@ -73,12 +73,10 @@ def _session_and_pid():
     return os.environ["DUMMY_BACKEND_SESSION"], os.getpid()
 
 
-def test_stateful_backend_keeps_one_object_across_runs_and_a_restart(installed, ray_cluster):
+def test_stateful_backend_keeps_one_object_across_runs_and_a_restart(installed, ray_cluster, tmp_path):
     import ray.cloudpickle
     import sgd_dummy.plugin
     from sgd_dummy.plugin import DummyBackend
-
-    from sgd_testing import KillWorker
 
     ray.cloudpickle.register_pickle_by_value(sgd_dummy.plugin)
     made_before = len(DummyBackend.instances)
@@ -90,13 +88,15 @@ def test_stateful_backend_keeps_one_object_across_runs_and_a_restart(installed, 
             second = trainer.run(_session_and_pid)
             assert first == second  # the same workers, the same backend session
 
-            def reports_twice():
-                sgd.report(step=1, pid=os.getpid())
-                sgd.report(step=2, pid=os.getpid())
+            def dies_once(config):
+                sgd.report(step=1)
+                if sgd.world_rank() == 1 and not os.path.exists(config["marker"]):
+                    open(config["marker"], "w").close()
+                    os._exit(1)  # rank 1's process dies: the group restarts, the run goes on
+                sgd.report(step=2)
                 return _session_and_pid()
 
-            # Rank 1 is SIGKILLed at the first report: the group restarts, the run goes on.
-            after = trainer.run(reports_twice, callbacks=[KillWorker(at=1, key="step", rank=1)])
+            after = trainer.run(dies_once, config={"marker": str(tmp_path / "died")})
         finally:
             trainer.shutdown()
     finally:

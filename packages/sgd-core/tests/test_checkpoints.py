@@ -13,6 +13,7 @@ import pytest
 import sgd
 from sgd._internal.checkpoint_manager import CheckpointManager, latest_checkpoint_in
 from sgd.checkpoint import METADATA_FILE
+from sgd.plugins import get_plugin_manager
 
 # --- CheckpointStrategy ---------------------------------------------------------------
 
@@ -124,18 +125,21 @@ def test_missing_score_attribute_keeps_the_checkpoint(tmp_path):
 
 _SLOW_CODEC = '''
 import os, signal, time
-SUFFIX = "slow"
-def save(obj, f):
-    f.write(b"x" * 1000)
-    f.flush()
-    if obj.get("crash"):
-        os.kill(os.getpid(), signal.SIGKILL)  # the driver dies half-way through the write
-    import pickle
-    pickle.dump(obj, f)
-def load(f):
-    import pickle
-    f.read(1000)
-    return pickle.load(f)
+import sgd
+from sgd.codecs import Codec, load_safe, save_safe
+class Slow(Codec):
+    name = suffix = "slowcodec"
+    def save(self, obj, f):
+        f.write(b"x" * 1000)
+        f.flush()
+        if obj.get("crash"):
+            os.kill(os.getpid(), signal.SIGKILL)  # the driver dies half-way through the write
+        return save_safe(obj, f)
+    def load(self, f, trusted, where):
+        return load_safe(f.read()[1000:])
+@sgd.hookimpl
+def sgd_checkpoint_codecs():
+    return [Slow()]
 '''
 
 
@@ -143,8 +147,10 @@ def test_crash_while_writing_leaves_no_half_checkpoint(tmp_path):
     (tmp_path / "slowcodec.py").write_text(_SLOW_CODEC)
     script = textwrap.dedent(f"""
         from pathlib import Path
-        import sgd
+        import sgd, slowcodec
         from sgd._internal.checkpoint_manager import CheckpointManager
+        from sgd.plugins import get_plugin_manager
+        get_plugin_manager().register(slowcodec)
         m = CheckpointManager(Path({str(tmp_path)!r}) / "checkpoints", sgd.CheckpointStrategy(), "slowcodec")
         m.register({{"step": 1}}, iteration=1)
         m.register({{"step": 2, "crash": True}}, iteration=2)
@@ -157,10 +163,15 @@ def test_crash_while_writing_leaves_no_half_checkpoint(tmp_path):
     assert finals == {"checkpoint_000001"} and len(names) == 2  # plus the abandoned temporary one
     latest = latest_checkpoint_in(tmp_path / "checkpoints")
     sys.path.insert(0, str(tmp_path))
+    pm = get_plugin_manager()
     try:
+        import slowcodec
+
+        pm.register(slowcodec)
         assert sgd.Trainer.load_checkpoint_from_path(latest) == {"step": 1}
     finally:
         sys.path.remove(str(tmp_path))
+        pm.unregister(name=pm.get_name(slowcodec))
 
 
 def test_full_disk_gives_a_clear_error_and_loses_nothing(tmp_path):

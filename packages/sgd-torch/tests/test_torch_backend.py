@@ -416,7 +416,10 @@ def test_torch_checkpoints_are_torch_files_loaded_safely(trainer, tmp_path):
     assert (first / "state.pt").exists()
     state = torch.load(first / "state.pt", weights_only=True)  # plain tensors: safe loading works
     assert state["step"] == 3 and state["weights"]["weight"].shape == (1, 2)
-    loaded = sgd.Trainer.load_checkpoint_from_path(trainer.latest_checkpoint_dir / "checkpoint_000002")
+    # A whole module needs the full unpickler: only with the caller's opt-in (issue 17).
+    with pytest.raises(sgd.checkpoint.UntrustedCheckpointError, match="torch.nn.modules.linear.Linear"):
+        sgd.Trainer.load_checkpoint_from_path(trainer.latest_checkpoint_dir / "checkpoint_000002", trusted=False)
+    loaded = sgd.Trainer.load_checkpoint_from_path(trainer.latest_checkpoint_dir / "checkpoint_000002", trusted=True)
     assert isinstance(loaded["module"], torch.nn.Linear)
 
 

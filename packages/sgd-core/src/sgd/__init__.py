@@ -8,7 +8,14 @@ from sgd.backend import Backend, BackendConfig, BackendSpec, free_address
 from sgd.callbacks import TrainingCallback
 from sgd.checkpoint import Checkpoint, CheckpointStrategy
 from sgd.data import DatasetConfig, cross_validation_folds
-from sgd.errors import TrainingFailedError, WorkerDiedError, WorkerError
+from sgd.errors import (
+    CheckpointError,
+    CheckpointIntegrityError,
+    TrainingFailedError,
+    UntrustedCheckpointError,
+    WorkerDiedError,
+    WorkerError,
+)
 from sgd.hookspecs import hookimpl
 from sgd.session import (
     get_checkpoint,
@@ -34,6 +41,8 @@ __all__ = [
     "BackendSpec",
     "Checkpoint",
     "CheckpointConfig",
+    "CheckpointError",
+    "CheckpointIntegrityError",
     "CheckpointStrategy",
     "DataParallelTrainer",
     "FailureConfig",
@@ -46,6 +55,7 @@ __all__ = [
     "TrainingCallback",
     "TrainingFailedError",
     "TrainingIterator",
+    "UntrustedCheckpointError",
     "WorkerDiedError",
     "WorkerError",
     "WorkerGroup",

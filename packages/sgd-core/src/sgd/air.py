@@ -277,7 +277,8 @@ class DataParallelTrainer:
         sc = self.scaling_config
         failures = (self.run_config.failure_config or FailureConfig()).max_failures
         if self._restore_run_dir is not None:
-            trainer = Trainer.restore(self._restore_run_dir, backend=self.backend_config)
+            trainer = Trainer.restore(self._restore_run_dir, backend=self.backend_config,
+                                      trusted=self.__dict__.get("_restore_trusted"))
             trainer.max_retries = failures
             return trainer
         logdir, mirror = self._experiment_dir()
@@ -339,7 +340,7 @@ class DataParallelTrainer:
             return
         import ray.cloudpickle as cloudpickle
 
-        state = dict(self.__dict__, datasets=None, _restore_run_dir=None)
+        state = dict(self.__dict__, datasets=None, _restore_run_dir=None, _restore_trusted=None)
         try:
             data = cloudpickle.dumps((type(self), state))
         except Exception as exc:  # e.g. a callback holding a lock: restore then needs arguments
@@ -358,12 +359,17 @@ class DataParallelTrainer:
     @classmethod
     def restore(cls, path: Union[str, os.PathLike], train_loop_per_worker: Optional[Callable[..., Any]] = None,
                 train_loop_config: Optional[Dict[str, Any]] = None, datasets: Optional[Dict[str, Any]] = None,
-                **overrides: Any) -> DataParallelTrainer:
+                trusted: Optional[bool] = None, **overrides: Any) -> DataParallelTrainer:
         """A trainer that continues the run in ``path`` (``result.path``), e.g. after its driver died.
 
         ``fit()`` goes on in the same run directory from its latest checkpoint; reports
         already in it are not repeated. Datasets are not saved with the run: pass them
         again. Other arguments (``run_config=``...) replace the saved ones.
+
+        The run goes on from its newest checkpoint that verifies. ``trusted=True`` lets the
+        checkpoints unpickle arbitrary objects (see :class:`sgd.Checkpoint`). The trainer itself
+        (with your training function) is kept pickled in the run directory: restore only run
+        directories you wrote.
         """
         import ray.cloudpickle as cloudpickle
 
@@ -389,6 +395,7 @@ class DataParallelTrainer:
                 raise TypeError(f"{cls.__name__}.restore() got an unexpected argument {key!r}")
             setattr(trainer, key, value)
         trainer._restore_run_dir = run
+        trainer._restore_trusted = trusted
         return trainer
 
     # --- Ray Tune -------------------------------------------------------------------

@@ -23,8 +23,11 @@ class Backend:
     The defaults do nothing.
     """
 
-    #: Module that writes dict checkpoints to disk (``SUFFIX``, ``save(obj, f)``, ``load(f)``).
-    checkpoint_codec: str = "sgd._internal.codec"
+    #: Name of the registered checkpoint codec that writes dict checkpoints to disk: ``"sgd"``
+    #: (sgd-core's safe format: plain data and numpy arrays, pickle only behind ``trusted=True``),
+    #: ``"pickle"``, or one a plugin registers with the ``sgd_checkpoint_codecs`` hook
+    #: (``"torch"``, ``"tensorflow"``). The name is recorded in each checkpoint.
+    checkpoint_codec: str = "sgd"
 
     #: Modules each worker starts importing in the background as soon as its process
     #: exists, while the driver is still placing and ranking the group (a framework's

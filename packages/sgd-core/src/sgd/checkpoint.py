@@ -1,26 +1,38 @@
 """Checkpoints: ``Checkpoint`` (a directory or a dict), ``CheckpointStrategy`` (what to keep).
 
-A dict checkpoint on disk is a directory holding ``state.<codec>`` and
-``.sgd_checkpoint.json`` (which codec wrote it). The codec is a module path
-with ``save(obj, path)`` and ``load(path)``: ``sgd._internal.codec`` (pickle)
-by default, ``sgd_torch.codec`` (``torch.save`` / ``torch.load``) for torch.
+A dict checkpoint on disk is a directory holding ``state.<suffix>`` and
+``.sgd_checkpoint.json``: which registered codec wrote it (see :mod:`sgd.codecs`;
+``"sgd"`` by default, ``"torch"`` for torch) and the sha256 and size of every file.
+
+Loading verifies every file, confines the metadata to the checkpoint directory and never
+unpickles arbitrary objects unless the caller opts in: ``trusted=True`` or
+``SGD_TRUST_CHECKPOINTS=1`` (:class:`UntrustedCheckpointError` otherwise).
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
+import logging
 import math
 import os
 import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterator, Optional, Union
+from typing import Any, Dict, Iterator, Optional, Tuple, Union
 
-METADATA_FILE = ".sgd_checkpoint.json"
-DEFAULT_CODEC = "sgd._internal.codec"
+from sgd._internal import integrity
+from sgd.codecs import TRUST_ENV, get_codec, resolve_trusted
+from sgd.errors import CheckpointError, CheckpointIntegrityError, UntrustedCheckpointError
+
+logger = logging.getLogger("sgd")
+
+METADATA_FILE = integrity.METADATA_FILE
+DEFAULT_CODEC = "sgd"
+
+__all__ = ["Checkpoint", "CheckpointStrategy", "CheckpointError", "CheckpointIntegrityError",
+           "UntrustedCheckpointError", "TRUST_ENV"]
 
 
 @dataclass
@@ -69,27 +81,25 @@ class CheckpointStrategy:
         return value if self.checkpoint_score_order == "max" else -value
 
 
-def _codec(name: str) -> Any:
-    try:
-        return importlib.import_module(name)
-    except ImportError as exc:
-        raise ImportError(f"this checkpoint was written with codec {name!r}, which is not installed ({exc})") from exc
-
-
 class Checkpoint:
     """A checkpoint: a directory (local or remote through the storage hook) or an in-memory dict.
 
     ``Checkpoint.from_dict(d).to_dict() == d``; ``to_directory`` writes a
     directory any ``Checkpoint.from_directory`` can read.
+
+    :param trusted: for a directory, whether :meth:`to_dict` may unpickle arbitrary objects
+        from it. ``None`` (default) follows ``SGD_TRUST_CHECKPOINTS=1``; otherwise only
+        tensors and plain data load, and :class:`UntrustedCheckpointError` says what needs more.
     """
 
     def __init__(self, path: Optional[Union[str, os.PathLike]] = None, data: Optional[Dict[str, Any]] = None,
-                 codec: str = DEFAULT_CODEC):
+                 codec: str = DEFAULT_CODEC, trusted: Optional[bool] = None):
         if (path is None) == (data is None):
             raise ValueError("a Checkpoint has either a path or a dict, not both or neither")
         self._path = str(path) if path is not None else None
         self._data = data
         self._codec = codec
+        self.trusted = trusted
 
     # --- constructors ---------------------------------------------------------
 
@@ -100,12 +110,39 @@ class Checkpoint:
         return cls(data=data, codec=codec)
 
     @classmethod
-    def from_directory(cls, path: Union[str, os.PathLike]) -> Checkpoint:
+    def from_directory(cls, path: Union[str, os.PathLike], trusted: Optional[bool] = None) -> Checkpoint:
+        """The checkpoint in ``path`` (a local directory or a storage URI).
+
+        :param trusted: allow :meth:`to_dict` to unpickle arbitrary objects (see the class).
+        """
         from sgd._internal.storage import is_uri
 
         if not is_uri(str(path)) and not Path(path).is_dir():
             raise FileNotFoundError(f"no checkpoint directory at {path}")
-        return cls(path=path)
+        return cls(path=path, trusted=trusted)
+
+    @classmethod
+    def newest_in(cls, folder: Union[str, os.PathLike], trusted: Optional[bool] = None) -> Optional[Checkpoint]:
+        """The newest checkpoint in a run's ``checkpoints`` folder that verifies, loaded;
+        ``None`` if the folder holds none. ``folder`` may be a storage URI (``s3://...``): a
+        driver with nothing on its local disk resumes with ``trainer.run(f, checkpoint=...)``.
+        Newer checkpoints that do not verify are skipped with a warning naming each.
+
+        :raises CheckpointIntegrityError: there are checkpoints and none verifies.
+        """
+        from sgd._internal.storage import is_uri
+        from sgd.plugins import get_storage
+
+        if not is_uri(str(folder)):
+            state, _, _ = newest_loadable(Path(folder), trusted)
+            return cls.from_dict(state) if state is not None else None
+        tmp = tempfile.mkdtemp(prefix="sgd_checkpoints_")
+        try:
+            get_storage(str(folder)).download_dir(str(folder), tmp)
+            state, _, _ = newest_loadable(Path(tmp), trusted)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return cls.from_dict(state) if state is not None else None
 
     # --- accessors ------------------------------------------------------------------
 
@@ -116,11 +153,16 @@ class Checkpoint:
 
     def to_dict(self) -> Dict[str, Any]:
         """The checkpoint's state. A directory that was not written from a dict gives
-        ``{"_directory_files": {relative_path: bytes}}``."""
+        ``{"_directory_files": {relative_path: bytes}}``.
+
+        :raises CheckpointIntegrityError: a file does not verify, the metadata is altered,
+            or the state does not decode (the message names the checkpoint and the file).
+        :raises UntrustedCheckpointError: the state needs pickle and the checkpoint is not trusted.
+        """
         if self._data is not None:
             return self._data
         with self.as_directory() as local:
-            return _read_dict(Path(local))
+            return _read_dict(Path(local), resolve_trusted(self.trusted), self._path or local)
 
     def to_directory(self, path: Optional[Union[str, os.PathLike]] = None) -> str:
         """Write the checkpoint to ``path`` (a new temporary directory if ``None``); returns it."""
@@ -172,27 +214,49 @@ class Checkpoint:
 
 def write_dict_dir(data: Dict[str, Any], directory: Path, codec: str = DEFAULT_CODEC,
                    extra_meta: Optional[Dict[str, Any]] = None) -> None:
-    """Write ``data`` into ``directory`` with ``codec`` (files are fsynced)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    mod = _codec(codec)
-    state_file = directory / f"state.{mod.SUFFIX}"
-    with open(state_file, "wb") as f:
-        mod.save(data, f)
-        f.flush()
-        os.fsync(f.fileno())
-    meta = directory / METADATA_FILE
-    with open(meta, "w") as f:
-        json.dump({"format": "dict", "codec": codec, "state_file": state_file.name, **(extra_meta or {})}, f)
-        f.flush()
-        os.fsync(f.fileno())
+    """Write ``data`` into ``directory`` with the registered ``codec`` (files are fsynced;
+    the metadata records each file's sha256 and size).
+
+    :raises OSError: with ``errno.ENOSPC`` and "the disk is full" when space ran out,
+        whichever library was writing.
+    """
+    c = get_codec(codec)
+    state_file = directory / f"state.{c.suffix}"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with open(state_file, "wb") as f:
+            needs_trust = c.save(data, f)
+            f.flush()
+            os.fsync(f.fileno())
+    except Exception as exc:
+        if integrity.is_disk_full(exc, directory if directory.exists() else None):
+            raise integrity.disk_full_error(exc, state_file) from exc
+        raise
+    meta: Dict[str, Any] = {"format": "dict", "codec": c.name, "state_file": state_file.name,
+                            "files": {state_file.name: integrity.file_digest(state_file)}}
+    if needs_trust:
+        meta["needs_trust"] = needs_trust
+    _write_metadata(directory, {**meta, **(extra_meta or {})})
+
+
+def _write_metadata(directory: Path, meta: Dict[str, Any]) -> None:
+    target = directory / METADATA_FILE
+    try:
+        with open(target, "w") as f:
+            json.dump(meta, f)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as exc:
+        if integrity.is_disk_full(exc):
+            raise integrity.disk_full_error(exc, target) from exc
+        raise
 
 
 def write_directory_metadata(directory: Path, extra_meta: Optional[Dict[str, Any]] = None) -> None:
-    """Mark ``directory`` as a directory checkpoint (its files are the checkpoint, as they are)."""
-    with open(directory / METADATA_FILE, "w") as f:
-        json.dump({"format": "directory", **(extra_meta or {})}, f)
-        f.flush()
-        os.fsync(f.fileno())
+    """Mark ``directory`` as a directory checkpoint (its files are the checkpoint, as they are)
+    and record each file's sha256 and size."""
+    _write_metadata(directory, {"format": "directory", "files": integrity.digest_files(directory),
+                                **(extra_meta or {})})
 
 
 def write_files(files: Dict[str, bytes], directory: Path, overwrite: bool = True) -> None:
@@ -210,15 +274,64 @@ def write_files(files: Dict[str, bytes], directory: Path, overwrite: bool = True
             os.fsync(f.fileno())
 
 
-def _read_dict(directory: Path) -> Dict[str, Any]:
-    meta_file = directory / METADATA_FILE
-    meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
+def _read_dict(directory: Path, trusted: bool, where: str) -> Dict[str, Any]:
+    meta = integrity.read_metadata(directory, where)
+    integrity.verify(directory, meta, where)
     if meta.get("format") == "dict":
-        mod = _codec(meta["codec"])
-        with open(directory / meta["state_file"], "rb") as f:
-            return mod.load(f)
+        c = get_codec(meta.get("codec"), where)
+        state_file = integrity.confined(directory, meta.get("state_file"), where)
+        try:
+            with open(state_file, "rb") as f:
+                state = c.load(f, trusted, where)
+        except UntrustedCheckpointError as exc:
+            types = meta.get("needs_trust")
+            if isinstance(types, list) and types and "objects of type" not in str(exc):
+                from sgd.codecs import untrusted_error
+
+                raise untrusted_error(where, [str(t) for t in types]) from None
+            raise
+        except CheckpointError:
+            raise
+        except Exception as exc:
+            raise CheckpointIntegrityError(
+                f"checkpoint {where}: cannot decode {state_file.name} with codec {c.name!r} "
+                f"({type(exc).__name__}: {exc}); it is damaged or was not written by sgd"
+            ) from exc
+        if not isinstance(state, dict):
+            raise CheckpointIntegrityError(f"checkpoint {where}: its state is a {type(state).__name__}, not a dict")
+        return state
     files = {}
-    for p in sorted(directory.rglob("*")):
-        if p.is_file() and p.name != METADATA_FILE:
-            files[str(p.relative_to(directory))] = p.read_bytes()
+    for name in integrity.checkpoint_files(directory):
+        files[name] = integrity.confined(directory, name, where).read_bytes()
     return {"_directory_files": files}
+
+
+def newest_loadable(checkpoint_dir: Path, trusted: Optional[bool] = None
+                    ) -> Tuple[Optional[Dict[str, Any]], int, Optional[Path]]:
+    """The state, iteration and path of the newest checkpoint that verifies and decodes.
+
+    Each newer one that does not is skipped with a warning naming it.
+
+    :raises CheckpointIntegrityError: there are checkpoints and none of them verifies.
+    :raises UntrustedCheckpointError: the newest good one needs pickle and the caller did not opt in.
+    """
+    found = integrity.checkpoint_dirs(checkpoint_dir)
+    problems = []
+    for _, path in reversed(found):
+        try:
+            state = Checkpoint.from_directory(path, trusted=trusted).to_dict()
+            meta = integrity.read_metadata(path, str(path))
+        except CheckpointIntegrityError as exc:
+            logger.warning("skipping checkpoint %s, which does not verify: %s", path, exc)
+            problems.append(str(exc))
+            continue
+        try:
+            iteration = int(meta.get("iteration", 0))
+        except (TypeError, ValueError):
+            iteration = 0
+        return state, iteration, path
+    if found:
+        raise CheckpointIntegrityError(
+            f"none of the {len(found)} checkpoints in {checkpoint_dir} verifies, so there is nothing to resume "
+            f"from: {'; '.join(problems)}. Restore from a copy, or start a new run (pass checkpoint=None).")
+    return None, 0, None

@@ -345,10 +345,13 @@ def _cmd_runs_show(args: argparse.Namespace) -> int:
         print(json.dumps(summary, indent=2, default=str))
         return 0
 
+    unverified = {c["name"]: c["problem"] for c in summary.get("unverified_checkpoints", [])}
+
     def checkpoint_text(c: Optional[Dict[str, Any]]) -> str:
         if c is None:
             return "-"
-        return f"{c['name']} (after iteration {c.get('iteration', '?')})"
+        mark = " NOT VERIFIED" if c["name"] in unverified else ""
+        return f"{c['name']} (after iteration {c.get('iteration', '?')}){mark}"
 
     workers = summary["num_workers"]
     if isinstance(workers, list) and len(workers) == 2:
@@ -375,6 +378,7 @@ def _cmd_runs_show(args: argparse.Namespace) -> int:
         ("latest checkpoint", checkpoint_text(summary["latest_checkpoint"])),
         ("best checkpoint", checkpoint_text(summary["best_checkpoint"])),
     ]
+    rows += [("NOT VERIFIED", f"{name}: {problem}") for name, problem in unverified.items()]
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"{key.ljust(width)}  {value}")

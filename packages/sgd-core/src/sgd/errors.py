@@ -9,7 +9,14 @@ A user exception on a worker is re-raised with its own type, and its ``__cause__
 
 from __future__ import annotations
 
-__all__ = ["TrainingFailedError", "WorkerDiedError", "WorkerError"]
+__all__ = [
+    "CheckpointError",
+    "CheckpointIntegrityError",
+    "TrainingFailedError",
+    "UntrustedCheckpointError",
+    "WorkerDiedError",
+    "WorkerError",
+]
 
 
 class TrainingFailedError(RuntimeError):
@@ -38,3 +45,18 @@ class WorkerError(RuntimeError):
         super().__init__(message)
         self.world_rank = world_rank
         self.remote_traceback = remote_traceback
+
+
+class CheckpointError(ValueError):
+    """A checkpoint could not be loaded; the message names the checkpoint and what to do."""
+
+
+class CheckpointIntegrityError(CheckpointError):
+    """A checkpoint is damaged or altered: a file does not match the sha256 or size recorded
+    when it was written, its metadata points outside its directory or names an unknown codec,
+    or its state does not decode."""
+
+
+class UntrustedCheckpointError(CheckpointError):
+    """Loading the checkpoint needs pickle (it holds arbitrary Python objects) and the caller
+    did not opt in with ``trusted=True`` or ``SGD_TRUST_CHECKPOINTS=1``."""

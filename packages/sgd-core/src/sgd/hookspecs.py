@@ -223,3 +223,27 @@ def sgd_tune_trainable(trainer: Trainer, train_func: Any, dataset: Any) -> Optio
     :param dataset: the dataset(s) to shard across each trial's workers, or ``None``.
     :returns: a Tune trainable class, or ``None``.
     """
+
+
+# --- checkpoint codecs -----------------------------------------------------
+
+
+@hookspec
+def sgd_checkpoint_codecs() -> Sequence[Any]:
+    """Register checkpoint codecs: how a dict checkpoint's state is written to one file.
+
+    All implementations are called. A checkpoint's metadata names its codec; loading
+    picks it only among the codecs registered here (and sgd-core's own ``"sgd"`` and
+    ``"pickle"``), never by importing a name read from disk.
+
+    :returns: codec objects with ``name``, ``suffix``, ``aliases`` (older names),
+        ``save(obj, file) -> list of type names that need pickle`` and
+        ``load(file, trusted, where)``, which must not run code named by the file
+        unless ``trusted`` (see :class:`sgd.codecs.Codec`).
+
+    Example::
+
+        @sgd.hookimpl
+        def sgd_checkpoint_codecs():
+            return [MyCodec()]
+    """

@@ -208,6 +208,17 @@ def checkpoints(run: Union[str, os.PathLike]) -> List[Dict[str, Any]]:
     return sorted(found, key=lambda c: (c["id"] if isinstance(c["id"], int) else -1, c["name"]))
 
 
+def _unverified(found: List[Dict[str, Any]]) -> List[Dict[str, str]]:
+    from sgd._internal.integrity import check
+
+    bad = []
+    for c in found:
+        problem = check(Path(c["path"]))
+        if problem is not None:
+            bad.append({"name": c["name"], "problem": problem})
+    return bad
+
+
 def _best(found: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
     """As the checkpoint manager ranks them: highest score (NaN/None worst), then newest."""
     if not found:
@@ -260,6 +271,9 @@ def run_summary(run: Union[str, os.PathLike]) -> Dict[str, Any]:
         "max_retries": settings.get("max_retries"),
         "iterations": _iteration(last),
         "checkpoints": len(found),
+        # Checkpoints whose files do not match what was written (or whose metadata was altered):
+        # restore skips them.
+        "unverified_checkpoints": _unverified(found),
         "latest_checkpoint": found[-1] if found else None,
         "best_checkpoint": best,
         "final_metrics": last[0] if last else None,

@@ -145,21 +145,28 @@ class Trainer:
         return self.load_checkpoint_from_path(path) if path is not None else None
 
     @staticmethod
-    def load_checkpoint_from_path(path: Union[str, os.PathLike]) -> dict:
-        """Load a checkpoint directory (or storage URI) written by sgd into a dict."""
-        return Checkpoint.from_directory(path).to_dict()
+    def load_checkpoint_from_path(path: Union[str, os.PathLike], trusted: Optional[bool] = None) -> dict:
+        """Load a checkpoint directory (or storage URI) written by sgd into a dict.
+
+        Every file is verified; pickled objects load only with ``trusted=True`` (or
+        ``SGD_TRUST_CHECKPOINTS=1``), see :class:`sgd.Checkpoint`.
+        """
+        return Checkpoint.from_directory(path, trusted=trusted).to_dict()
 
     @classmethod
-    def restore(cls, run_dir: Union[str, os.PathLike], backend: Optional[BackendConfig] = None) -> Trainer:
+    def restore(cls, run_dir: Union[str, os.PathLike], backend: Optional[BackendConfig] = None,
+                trusted: Optional[bool] = None) -> Trainer:
         """A trainer that continues the run in ``run_dir`` (whose driver died).
 
         Its settings come from the run's ``trainer.json``. Call ``start()`` and
         ``run(train_func, config)`` as before: the run goes on in the same
         directory from its last complete checkpoint, and rounds already in its
         ``results.jsonl`` are not delivered again. Pass ``backend`` for a
-        ``BackendConfig`` that is not registered under a name.
+        ``BackendConfig`` that is not registered under a name. The run resumes from its
+        newest checkpoint that verifies; ``trusted=True`` lets it unpickle arbitrary objects.
         """
         run = RunDirectory.open(Path(run_dir))
+        run.trusted = trusted
         settings = run.read_settings()
         if backend is None:
             backend = resolve_backend(settings["backend"]).config_cls(**settings["backend_config"])

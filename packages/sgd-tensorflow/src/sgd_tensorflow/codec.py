@@ -1,5 +1,7 @@
-"""Checkpoint codec of the TensorFlow backend: cloudpickle, with Keras models as
-(architecture, weights).
+"""Checkpoint codec of the TensorFlow backend (registered as ``"tensorflow"``): sgd's safe
+format for weights and plain data; cloudpickle, with Keras models as (architecture, weights),
+when the state holds a Keras model (loading that needs ``trusted=True`` or
+``SGD_TRUST_CHECKPOINTS=1``, as rebuilding it runs code).
 
 Tensors and variables are turned into numpy arrays on the worker
 (``_TensorflowBackend.encode_data``), so a checkpoint of weights loads without
@@ -14,7 +16,9 @@ made with (``tf_keras`` or Keras 3). Optimizer state is not kept; save
 
 from __future__ import annotations
 
-from typing import IO, Any, List
+from typing import IO, Any, List, Optional
+
+from sgd.codecs import SafeCodec, resolve_trusted
 
 SUFFIX = "pkl"
 
@@ -70,13 +74,22 @@ def encode_models(data: Any) -> Any:
     return data
 
 
-def save(obj: Any, f: IO[bytes]) -> None:
-    import ray.cloudpickle as cloudpickle
+class TensorflowCodec(SafeCodec):
+    name = "tensorflow"
+    suffix = "sgd"
+    aliases = ("sgd_tensorflow.codec",)
 
-    cloudpickle.dump(encode_models(obj), f)
+    def prepare(self, obj: Any) -> Any:
+        return encode_models(obj)
 
 
-def load(f: IO[bytes]) -> Any:
-    import ray.cloudpickle as cloudpickle
+_CODEC = TensorflowCodec()
 
-    return cloudpickle.load(f)
+
+def save(obj: Any, f: IO[bytes]) -> List[str]:
+    """Write ``obj``; returns the types that need pickle to load (Keras models)."""
+    return _CODEC.save(obj, f)
+
+
+def load(f: IO[bytes], trusted: Optional[bool] = None, where: Optional[str] = None) -> Any:
+    return _CODEC.load(f, resolve_trusted(trusted), where or getattr(f, "name", "<stream>"))

@@ -81,7 +81,7 @@ def tf_config_for(addresses: List[str], index: int) -> Dict[str, Any]:
 
 
 class _TensorflowBackend(Backend):
-    checkpoint_codec = "sgd_tensorflow.codec"
+    checkpoint_codec = "tensorflow"
     # Not "tensorflow": the group's preload runs before on_start, i.e. before the
     # Keras choice is in the environment. on_start starts the import itself.
 

@@ -109,7 +109,7 @@ class TorchBackend(Backend):
     Public so that backends built on torch (sgd-horovod) can reuse its data handling.
     """
 
-    checkpoint_codec = "sgd_torch.codec"
+    checkpoint_codec = "torch"
     preload_modules = ("torch.distributed",)
 
     def on_start(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import math
@@ -14,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from sgd._internal.integrity import complete_digests, is_disk_full
 from sgd.checkpoint import METADATA_FILE, CheckpointStrategy, write_dict_dir, write_directory_metadata, write_files
 
 logger = logging.getLogger("sgd")
@@ -38,6 +38,9 @@ class _Kept:
     checkpoint_id: int
     score: float
     path: Path
+    iteration: int = 0
+    #: The file digests this driver recorded when it wrote the checkpoint (``None``: found on disk).
+    files: Optional[Dict[str, Any]] = None
 
 
 class CheckpointManager:
@@ -169,7 +172,7 @@ class CheckpointManager:
         except ValueError as exc:
             score, score_error = -math.inf, exc
         path = self._write(self.latest_id, state, score, iteration, written=written, metrics=metrics)
-        self._kept.append(_Kept(self.latest_id, score, path))
+        self._kept.append(_Kept(self.latest_id, score, path, iteration, _recorded_files(path)))
         self._upload(path)
         self._prune()
         if score_error is not None:
@@ -177,14 +180,36 @@ class CheckpointManager:
         return path
 
     def latest(self) -> Optional[Dict[str, Any]]:
-        """The latest checkpoint's state (read back from disk if rank 0 wrote it directly)."""
-        if self.latest_state is None and self.latest_id and self._kept:
-            from sgd.checkpoint import Checkpoint
+        """The latest checkpoint's state (read back from disk if rank 0 wrote it directly).
 
+        A kept checkpoint that no longer verifies is skipped with a warning, and the newest
+        one that does is used (:attr:`latest_iteration` then follows it).
+        """
+        if self.latest_state is None and self.latest_id and self._kept:
             newest = max(self._kept, key=lambda c: c.checkpoint_id)
             if newest.checkpoint_id == self.latest_id:
-                self.latest_state = Checkpoint.from_directory(newest.path).to_dict()
+                self._load_newest_verified()
         return self.latest_state
+
+    def _load_newest_verified(self) -> None:
+        from sgd.checkpoint import Checkpoint, CheckpointIntegrityError
+
+        for kept in sorted(self._kept, key=lambda c: c.checkpoint_id, reverse=True):
+            # What this driver wrote in this run is trusted as long as its files are
+            # still the ones it recorded; checkpoints found on disk follow the caller's switch.
+            ours = kept.files is not None and _recorded_files(kept.path) == kept.files
+            try:
+                state = Checkpoint.from_directory(kept.path, trusted=True if ours else None).to_dict()
+            except (CheckpointIntegrityError, FileNotFoundError) as exc:
+                logger.warning("skipping checkpoint %s, which does not verify: %s", kept.path, exc)
+                continue
+            self.latest_state = state
+            if kept.checkpoint_id != self.latest_id:
+                self.latest_iteration = kept.iteration
+            return
+        raise CheckpointIntegrityError(
+            f"none of the checkpoints kept in {self.checkpoint_dir} verifies, so there is nothing to resume from; "
+            "see the warnings above for each one.")
 
     def _write(self, checkpoint_id: int, state: Optional[Dict[str, Any]], score: float, iteration: int,
                written: Optional[Path] = None, metrics: Optional[Dict[str, Any]] = None) -> Path:
@@ -200,7 +225,7 @@ class CheckpointManager:
                 assert state is not None
                 write_dict_dir(state, tmp, self.codec, extra_meta=meta)
             else:
-                _update_metadata(tmp / METADATA_FILE, meta)
+                _update_metadata(tmp, meta)
             _fsync_dir(tmp)
             if final.exists():  # left by an earlier attempt of a resumed run
                 shutil.rmtree(final)
@@ -208,7 +233,7 @@ class CheckpointManager:
             _fsync_dir(self.checkpoint_dir)
         except OSError as exc:
             shutil.rmtree(tmp, ignore_errors=True)
-            reason = "the disk is full" if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT) else str(exc)
+            reason = "the disk is full" if is_disk_full(exc) else str(exc)
             raise OSError(
                 exc.errno,
                 f"could not write checkpoint {checkpoint_id} to {final}: {reason}. Earlier checkpoints are intact; "
@@ -256,8 +281,12 @@ class CheckpointManager:
                 meta = json.loads((p / METADATA_FILE).read_text())
             except (OSError, ValueError):
                 continue
-            score = meta.get("score")
-            kept.append(_Kept(int(meta["id"]), -math.inf if score is None else float(score), p))
+            try:
+                score = meta.get("score")
+                kept.append(_Kept(int(meta["id"]), -math.inf if score is None else float(score), p,
+                                  int(meta.get("iteration") or 0)))
+            except (TypeError, ValueError, KeyError):
+                continue  # metadata altered: never ranked, never loaded
         return kept
 
     @property
@@ -279,9 +308,21 @@ def json_safe(value: Any) -> Any:
     return json.loads(json.dumps(finite(redact(value)), default=json_default))
 
 
-def _update_metadata(meta_file: Path, extra: Dict[str, Any]) -> None:
+def _recorded_files(path: Path) -> Optional[Dict[str, Any]]:
+    try:
+        files = json.loads((path / METADATA_FILE).read_text()).get("files")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return files if isinstance(files, dict) else None
+
+
+def _update_metadata(directory: Path, extra: Dict[str, Any]) -> None:
+    """Add ``extra`` to the metadata of a checkpoint written elsewhere, and digests for
+    files merged into it since (other ranks' shards)."""
+    meta_file = directory / METADATA_FILE
     meta = json.loads(meta_file.read_text())
     meta.update(extra)
+    complete_digests(directory, meta)
     with open(meta_file, "w") as f:
         json.dump(meta, f)
         f.flush()

@@ -18,6 +18,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from sgd._internal.protocol import CHECKPOINT, RemoteError, Round, decode_round
+from sgd._internal.unsendable import recover_poll
 from sgd.errors import WorkerDiedError, WorkerError
 
 #: Most items one poll returns.
@@ -111,7 +112,7 @@ class RoundCollector:
                     continue
                 i = self._inflight.pop(ref)
                 self._polling.discard(i)
-                batch, finished, value, error = self._get(ref, i)
+                batch, finished, value, error = self._get_poll(ref, i)
                 if error is not None and self._error is None:
                     self._error = error
                     self._drain_deadline = time.monotonic() + ERROR_DRAIN_S
@@ -132,6 +133,12 @@ class RoundCollector:
             return ray.get(ref)
         except RayActorError as exc:
             raise WorkerDiedError(f"worker rank {i} died: {short_error(exc)}", i) from exc
+
+    def _get_poll(self, ref: Any, i: int) -> Any:
+        try:
+            return self._get(ref, i)
+        except TypeError as exc:  # a reported value that cannot be pickled: say which one
+            return recover_poll(self._workers[i], exc)
 
     def _take(self, i: int, batch: List[Tuple[str, Any]], finished: bool, value: Any) -> None:
         self._pending[i].extend(batch)
@@ -160,7 +167,7 @@ class RoundCollector:
                 continue
             i = self._inflight.pop(ref)
             self._polling.discard(i)
-            batch, finished, value, _ = self._get(ref, i)
+            batch, finished, value, _ = self._get_poll(ref, i)
             self._take(i, batch, finished, value)
 
     def _check_watch(self, ref: Any) -> None:

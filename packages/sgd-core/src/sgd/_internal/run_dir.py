@@ -14,9 +14,7 @@ import time
 from pathlib import Path
 from typing import IO, Any, Dict, List, Optional, Tuple
 
-from sgd._internal.checkpoint_manager import latest_checkpoint_in
 from sgd._internal.json_values import finite, json_default
-from sgd.checkpoint import METADATA_FILE, Checkpoint
 from sgd.redact import redact
 
 RESULTS_FILE = "results.jsonl"
@@ -29,6 +27,8 @@ class RunDirectory:
         self.path = path
         self.checkpoint_dir = path / "checkpoints"
         self._results: Optional[IO[str]] = None
+        #: Whether checkpoints of this run may be unpickled (``Trainer.restore(..., trusted=)``).
+        self.trusted: Optional[bool] = None
 
     @classmethod
     def create(cls, path: Path) -> RunDirectory:
@@ -98,15 +98,20 @@ class RunDirectory:
     # --- checkpoints ------------------------------------------------------------------
 
     def last_checkpoint_id(self) -> int:
-        latest = latest_checkpoint_in(self.checkpoint_dir)
-        if latest is None:
-            return 0
-        return int(json.loads((latest / METADATA_FILE).read_text())["id"])
+        """The highest checkpoint number in the run (new checkpoints are numbered after it,
+        whether or not it verifies)."""
+        from sgd._internal.integrity import checkpoint_dirs
+
+        found = checkpoint_dirs(self.checkpoint_dir)
+        return found[-1][0] if found else 0
 
     def last_checkpoint(self) -> Tuple[Optional[Dict[str, Any]], int]:
-        """The latest complete checkpoint's state and the iteration it was saved after."""
-        latest = latest_checkpoint_in(self.checkpoint_dir)
-        if latest is None:
-            return None, 0
-        meta = json.loads((latest / METADATA_FILE).read_text())
-        return Checkpoint.from_directory(latest).to_dict(), int(meta.get("iteration", 0))
+        """The state of the newest checkpoint that verifies and the iteration it was saved after
+        (newer ones that do not verify are skipped with a warning naming each).
+
+        Loading follows :attr:`trusted` (``None``: the ``SGD_TRUST_CHECKPOINTS`` switch).
+        """
+        from sgd.checkpoint import newest_loadable
+
+        state, iteration, _ = newest_loadable(self.checkpoint_dir, self.trusted)
+        return state, iteration

@@ -338,6 +338,7 @@ class Session:
                     self._delivered_checkpoints.append(item)
                     break
             self._cv.notify_all()
+            self._last_batch = batch  # kept until the next poll: see sgd._internal.unsendable
             finished = self._finished and not self._items
             return batch, finished, self._result if finished else None, self._error if finished else None
 

@@ -64,7 +64,7 @@ def _check_retries(max_retries: Any) -> int:
     return max_retries
 
 
-def _load_state_file(path: Union[str, os.PathLike]) -> Dict[str, Any]:
+def _load_state_file(path: Union[str, os.PathLike], trusted: Optional[bool] = None) -> Dict[str, Any]:
     from sgd_torch import codec
 
     path = Path(path).expanduser()
@@ -73,7 +73,7 @@ def _load_state_file(path: Union[str, os.PathLike]) -> Dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"no sgd_torch.v1 checkpoint at {path}; pass a file written by TorchTrainer.save()")
     with open(path, "rb") as f:
-        state = codec.load(f)
+        state = codec.load(f, trusted, str(path))
     if not isinstance(state, dict) or "models" not in state:
         raise ValueError(f"{path} was not written by TorchTrainer.save() (no models in it)")
     return state
@@ -351,13 +351,18 @@ class TorchTrainer:
             tmp.unlink(missing_ok=True)
         return str(path)
 
-    def restore(self, path: Union[str, os.PathLike]) -> None:
-        """Load a file written by :meth:`save` (by this or another trainer) into every worker."""
-        self.load_state_dict(_load_state_file(path))
+    def restore(self, path: Union[str, os.PathLike], trusted: Optional[bool] = None) -> None:
+        """Load a file written by :meth:`save` (by this or another trainer) into every worker.
 
-    def load(self, path: Union[str, os.PathLike]) -> None:
+        Tensors, state dicts and plain data load with ``torch.load(weights_only=True)``; state
+        holding other Python objects needs ``trusted=True`` (or ``SGD_TRUST_CHECKPOINTS=1``)
+        and raises :class:`sgd.checkpoint.UntrustedCheckpointError` otherwise.
+        """
+        self.load_state_dict(_load_state_file(path, trusted))
+
+    def load(self, path: Union[str, os.PathLike], trusted: Optional[bool] = None) -> None:
         """Same as :meth:`restore` (v1 had both names)."""
-        self.restore(path)
+        self.restore(path, trusted)
 
     def shutdown(self, force: bool = False) -> None:
         """Stop the workers. ``force`` is accepted for v1 compatibility."""
