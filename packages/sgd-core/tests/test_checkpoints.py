@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 import sgd
-from sgd._internal.checkpoint_manager import CheckpointManager, latest_checkpoint_in
+from sgd._internal.checkpoint_manager import CheckpointManager
+from sgd._internal.integrity import checkpoint_dirs
 from sgd.checkpoint import METADATA_FILE
 from sgd.plugins import get_plugin_manager
 
@@ -161,7 +162,7 @@ def test_crash_while_writing_leaves_no_half_checkpoint(tmp_path):
     names = {p.name for p in (tmp_path / "checkpoints").iterdir()}
     finals = {n for n in names if not n.startswith(".tmp_")}
     assert finals == {"checkpoint_000001"} and len(names) == 2  # plus the abandoned temporary one
-    latest = latest_checkpoint_in(tmp_path / "checkpoints")
+    latest = checkpoint_dirs(tmp_path / "checkpoints")[-1][1]
     sys.path.insert(0, str(tmp_path))
     pm = get_plugin_manager()
     try:

@@ -12,7 +12,6 @@ Framework packages subclass :class:`DataParallelTrainer` with their backend conf
 from __future__ import annotations
 
 import datetime
-import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -164,9 +163,9 @@ class Result:
         run = Path(path).expanduser().resolve()
         if not run.is_dir():
             raise FileNotFoundError(f"no run directory at {run}")
-        from sgd.runs import checkpoints
+        from sgd.runs import checkpoints, result_rows
 
-        rows = _rank0_rows(run / "results.jsonl")
+        rows = [r[0] for r in result_rows(run)]
         by_iteration = {r.get("_training_iteration"): r for r in rows}
         kept = []
         for c in checkpoints(run):
@@ -185,19 +184,6 @@ class Result:
     def __repr__(self) -> str:
         return (f"Result(metrics={self.metrics!r}, checkpoint={self.checkpoint!r}, "
                 f"error={self.error!r}, path={self.path!r})")
-
-
-def _rank0_rows(results_file: Path) -> List[Dict[str, Any]]:
-    rows: List[Dict[str, Any]] = []
-    if not results_file.exists():
-        return rows
-    with open(results_file, encoding="utf-8") as f:
-        for line in f:
-            try:
-                rows.append(json.loads(line)[0])
-            except (ValueError, LookupError):
-                break  # a line cut short by a crash ends the file
-    return rows
 
 
 class DataParallelTrainer:

@@ -1,10 +1,10 @@
-"""Reading run directories back: what ``sgd runs ls`` and ``sgd runs show`` print.
+"""Reading run directories back: the one reader of what :class:`sgd.Trainer` writes under
+``logdir/run_NNN`` (the writer is ``sgd._internal.run_dir``). ``sgd runs ls`` / ``sgd runs
+show``, :meth:`sgd.Result.from_path` and :meth:`sgd.Trainer.restore` all read through here.
 
-A run directory is what :class:`sgd.Trainer` writes under ``logdir/run_NNN`` (see
-:mod:`sgd._internal.run_dir`). Everything here only reads: a run that is still
-going is not disturbed. A run whose driver was killed shows ``DRIVER_DIED`` when the
-driver ran on this host (its pid is gone), else ``RUNNING`` (its ``status.json`` was never
-closed); ``Trainer.restore`` resumes it.
+Everything here only reads: a run that is still going is not disturbed. A run whose driver
+was killed shows ``DRIVER_DIED`` when the driver ran on this host (its pid is gone), else
+``RUNNING`` (its ``status.json`` was never closed); ``Trainer.restore`` resumes it.
 """
 
 from __future__ import annotations
@@ -17,12 +17,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Union
 
-from sgd._internal.run_dir import RESULTS_FILE, SETTINGS_FILE, STATUS_FILE
+from sgd._internal.integrity import checkpoint_dirs
 from sgd.checkpoint import METADATA_FILE
 
-__all__ = ["RunInfo", "find_runs", "is_run_dir", "run_info", "run_summary", "resolve_run_dir"]
+__all__ = [
+    "RunInfo",
+    "checkpoints",
+    "find_runs",
+    "is_run_dir",
+    "last_iteration",
+    "last_results",
+    "read_settings",
+    "result_rows",
+    "run_info",
+    "run_summary",
+    "resolve_run_dir",
+]
 
-_CHECKPOINT = re.compile(r"^checkpoint_\d+$")
+#: One JSON line per delivered report round (a list of per-worker dicts).
+RESULTS_FILE = "results.jsonl"
+#: The trainer's settings (what ``Trainer.restore`` rebuilds the trainer from).
+SETTINGS_FILE = "trainer.json"
+#: ``{"status": ..., "time": ..., "pid": ..., "host": ...}`` of the run's driver.
+STATUS_FILE = "status.json"
+
 _RUN = re.compile(r"^run_(\d+)$")
 #: How deep ``find_runs`` looks below the folder it is given (results root / logdir / run_NNN).
 MAX_DEPTH = 3
@@ -175,6 +193,41 @@ def last_results(run: Union[str, os.PathLike]) -> Optional[List[Dict[str, Any]]]
             window *= 4
 
 
+def result_rows(run: Union[str, os.PathLike]) -> List[List[Dict[str, Any]]]:
+    """Every complete line of ``results.jsonl`` in order (a line cut short by a crash ends it)."""
+    rows: List[List[Dict[str, Any]]] = []
+    try:
+        f = open(Path(run) / RESULTS_FILE, encoding="utf-8")
+    except OSError:
+        return rows
+    with f:
+        for line in f:
+            try:
+                value = json.loads(line)
+            except ValueError:
+                break
+            if not (isinstance(value, list) and value and isinstance(value[0], dict)):
+                break
+            rows.append(value)
+    return rows
+
+
+def last_iteration(run: Union[str, os.PathLike]) -> int:
+    """``_training_iteration`` of the last complete round in ``results.jsonl`` (0 if none)."""
+    return _iteration(last_results(run))
+
+
+def read_settings(run: Union[str, os.PathLike]) -> Dict[str, Any]:
+    """The trainer settings in ``trainer.json``.
+
+    :raises FileNotFoundError: ``run`` is not a run directory.
+    """
+    path = Path(run) / SETTINGS_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{Path(run)} is not an sgd run directory (no {SETTINGS_FILE})")
+    return json.loads(path.read_text())
+
+
 def _iteration(results: Optional[List[Dict[str, Any]]]) -> int:
     if not results:
         return 0
@@ -186,13 +239,8 @@ def _iteration(results: Optional[List[Dict[str, Any]]]) -> int:
 
 def checkpoints(run: Union[str, os.PathLike]) -> List[Dict[str, Any]]:
     """The run's complete checkpoints, oldest first: name, path, id, iteration, score, time, metrics."""
-    folder = Path(run) / "checkpoints"
-    if not folder.is_dir():
-        return []
     found = []
-    for p in folder.iterdir():
-        if not _CHECKPOINT.match(p.name):
-            continue
+    for _, p in checkpoint_dirs(Path(run) / "checkpoints"):
         meta = _read_json(p / METADATA_FILE)
         if not isinstance(meta, dict):
             continue  # not finished (a checkpoint is complete once its metadata is in)

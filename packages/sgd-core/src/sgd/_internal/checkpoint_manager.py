@@ -327,9 +327,3 @@ def _update_metadata(directory: Path, extra: Dict[str, Any]) -> None:
         json.dump(meta, f)
         f.flush()
         os.fsync(f.fileno())
-
-
-def latest_checkpoint_in(checkpoint_dir: Path) -> Optional[Path]:
-    """The highest-numbered complete checkpoint directory (temporary ones are ignored)."""
-    found = sorted(p for p in checkpoint_dir.glob(f"{_PREFIX}*") if (p / METADATA_FILE).exists())
-    return found[-1] if found else None

@@ -16,10 +16,7 @@ from typing import IO, Any, Dict, List, Optional, Tuple
 
 from sgd._internal.json_values import finite, json_default
 from sgd.redact import redact
-
-RESULTS_FILE = "results.jsonl"
-SETTINGS_FILE = "trainer.json"
-STATUS_FILE = "status.json"
+from sgd.runs import RESULTS_FILE, SETTINGS_FILE, STATUS_FILE, last_iteration, read_settings
 
 
 class RunDirectory:
@@ -52,7 +49,7 @@ class RunDirectory:
         (self.path / SETTINGS_FILE).write_text(json.dumps(redact(settings), indent=2, default=repr))
 
     def read_settings(self) -> Dict[str, Any]:
-        return json.loads((self.path / SETTINGS_FILE).read_text())
+        return read_settings(self.path)
 
     def _write_status(self, status: str) -> None:
         import os
@@ -83,17 +80,7 @@ class RunDirectory:
 
     def last_iteration(self) -> int:
         """``_training_iteration`` of the last complete line of ``results.jsonl`` (0 if none)."""
-        path = self.path / RESULTS_FILE
-        if not path.exists():
-            return 0
-        last = 0
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                try:
-                    last = int(json.loads(line)[0]["_training_iteration"])
-                except (ValueError, LookupError, TypeError):
-                    break  # a line cut short by a crash ends the file
-        return last
+        return last_iteration(self.path)
 
     # --- checkpoints ------------------------------------------------------------------
 
