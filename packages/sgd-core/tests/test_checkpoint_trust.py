@@ -367,20 +367,6 @@ def test_a_codec_bug_is_not_called_a_full_disk(tmp_path):
         pm.unregister(plugin)
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 6 MiB tmpfs, when this process may mount one (root with CAP_SYS_ADMIN)."""
-    mount = tmp_path / "small"
-    mount.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mount)], capture_output=True,
-                          text=True)
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here ({proc.stderr.strip() or proc.returncode}); "
-                    "the injected-ENOSPC tests cover the same error")
-    yield mount
-    subprocess.run(["umount", str(mount)], check=True)
-
-
 def test_a_small_real_disk_fills_with_a_clear_error(small_disk):
     m = CheckpointManager(small_disk / "checkpoints", sgd.CheckpointStrategy(), "sgd")
     m.register({"w": np.zeros(1000)}, iteration=1)

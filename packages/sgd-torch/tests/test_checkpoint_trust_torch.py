@@ -4,7 +4,6 @@ unless the caller trusts it (issue 17); a full disk under torch.save is "the dis
 import io
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -92,19 +91,6 @@ def test_v1_restore_refuses_a_malicious_file(tmp_path, monkeypatch):
     with pytest.raises(UntrustedCheckpointError, match="trainer.pt"):
         _load_state_file(tmp_path / "trainer.pt")
     assert not marker.exists()
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    mount = tmp_path / "small"
-    mount.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mount)], capture_output=True,
-                          text=True)
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here ({proc.stderr.strip() or proc.returncode}); "
-                    "test_checkpoint_trust.py injects ENOSPC instead")
-    yield mount
-    subprocess.run(["umount", str(mount)], check=True)
 
 
 def _big_checkpoints(config):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any, Callable, Dict, Iterator
 
 import pytest
@@ -83,6 +84,23 @@ def two_node_cluster() -> Iterator[Any]:
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 6 MiB tmpfs mounted for the test (to fill a real disk); the test is skipped, with
+    the reason, where this process may not mount one (it needs root with CAP_SYS_ADMIN)."""
+    import subprocess
+
+    mount = tmp_path / "small"
+    mount.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mount)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({proc.stderr.strip() or proc.returncode}); "
+                    "the injected-ENOSPC tests in test_checkpoint_trust.py cover the same error")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=True)
 
 
 @pytest.fixture(autouse=True)

@@ -106,20 +106,27 @@ class RoundCollector:
                 if not self._pending[i] and not self._done[i]:
                     self._poll(i)
             ready, _ = ray.wait(list(self._inflight) + list(self._watches), num_returns=1)
-            for ref in ready:
-                if ref in self._watches:
-                    self._check_watch(ref)
-                    continue
-                i = self._inflight.pop(ref)
-                self._polling.discard(i)
-                batch, finished, value, error = self._get_poll(ref, i)
-                if error is not None and self._error is None:
-                    self._error = error
-                    self._drain_deadline = time.monotonic() + ERROR_DRAIN_S
-                counts = self._kind_counts[i]
-                for kind, _ in batch:
-                    counts[kind] = counts.get(kind, 0) + 1
-                self._take(i, batch, finished, value)
+            self._receive(ready)
+
+    def _receive(self, ready: List[Any]) -> None:
+        """Take in the calls that returned: a watch (a death, or the run's end) or a poll's batch."""
+        for ref in ready:
+            if ref in self._watches:
+                self._check_watch(ref)
+                continue
+            i = self._inflight.pop(ref)
+            self._polling.discard(i)
+            batch, finished, value, error = self._get_poll(ref, i)
+            if error is not None and self._error is None:
+                self._error = error
+                self._drain_deadline = time.monotonic() + ERROR_DRAIN_S
+            counts = self._kind_counts[i]
+            for kind, _ in batch:
+                counts[kind] = counts.get(kind, 0) + 1
+            self._pending[i].extend(batch)
+            if finished:
+                self._done[i] = True
+                self.returns[i] = value
 
     def _poll(self, i: int) -> None:
         """Open a poll on worker ``i`` unless one is open."""
@@ -140,12 +147,6 @@ class RoundCollector:
         except TypeError as exc:  # a reported value that cannot be pickled: say which one
             return recover_poll(self._workers[i], exc)
 
-    def _take(self, i: int, batch: List[Tuple[str, Any]], finished: bool, value: Any) -> None:
-        self._pending[i].extend(batch)
-        if finished:
-            self._done[i] = True
-            self.returns[i] = value
-
     def _drain_or_raise(self) -> None:
         """After a worker error: collect reports the others had already made (briefly: a
         worker blocked in a collective will make none), or raise the error."""
@@ -161,14 +162,7 @@ class RoundCollector:
             ready, _ = ray.wait(list(self._inflight) + list(self._watches), num_returns=1, timeout=timeout)
         if not ready:
             self._raise_error()
-        for ref in ready:
-            if ref in self._watches:
-                self._check_watch(ref)
-                continue
-            i = self._inflight.pop(ref)
-            self._polling.discard(i)
-            batch, finished, value, _ = self._get_poll(ref, i)
-            self._take(i, batch, finished, value)
+        self._receive(ready)
 
     def _check_watch(self, ref: Any) -> None:
         """A watch call returned: fine if the worker's run ended, a death otherwise."""
