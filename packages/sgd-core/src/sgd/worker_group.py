@@ -314,7 +314,19 @@ class WorkerGroup:
 
     def execute(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> List[Any]:
         """Run ``fn(*args, **kwargs)`` on every worker; results in rank order."""
-        return ray.get(self.execute_async(fn, *args, **kwargs))
+        refs = self.execute_async(fn, *args, **kwargs)
+        try:
+            return ray.get(refs)
+        except Exception:
+            # Read the other calls that already ended too, so that Ray does not log their
+            # errors as "unhandled" later (without waiting for ones still running).
+            done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+            for ref in done:
+                try:
+                    ray.get(ref)
+                except Exception:
+                    pass
+            raise
 
     def execute_single_async(self, index: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> ray.ObjectRef:
         """Run ``fn(*args, **kwargs)`` on worker ``index``; an object ref."""
