@@ -39,7 +39,6 @@ MYPY_TARGETS = [
     "packages/sgd-tune/src/sgd_tune",
     "packages/sgd-testing/src/sgd_testing",
 ]
-# ruff formats the signatures mkdocstrings renders.
 # mkdocs-material prints a banner about MkDocs 2 on every build; the build log stays readable without it.
 DOCS_ENV = {"NO_MKDOCS_2_WARNING": "1"}
 # ruff formats the signatures mkdocstrings renders.
