@@ -135,6 +135,10 @@ def _check_signature(block: Block, target: str) -> None:
     obj = getattr(importlib.import_module(module_name), attr)
     expected = inspect.signature(obj)
     source = block.code.strip()
+    # `*,` marks keyword-only parameters in a signature; a call cannot hold it, so it is noted
+    # and taken out before parsing.
+    keyword_only = "*," in source
+    source = source.replace("*,", "")
     tree = ast.parse(source + ": ...") if source.startswith("def ") else ast.parse(source)
     node = tree.body[0]
     if isinstance(node, ast.FunctionDef):
@@ -146,9 +150,7 @@ def _check_signature(block: Block, target: str) -> None:
         )
         return
     assert isinstance(node, ast.Expr) and isinstance(node.value, ast.Call), f"{block.where}: not a signature"
-    # A call written with every parameter as name=default; `*,` before keyword-only ones is
-    # written in the text, so the text decides the kinds.
-    keyword_only = "*," in source
+    # A call written with every parameter as name=default.
     names = [kw.arg for kw in node.value.keywords]
     assert names == list(expected.parameters), (
         f"{block.where}: {target} takes {list(expected.parameters)}, the page shows {names}"
@@ -159,8 +161,8 @@ def _check_signature(block: Block, target: str) -> None:
             f"{block.where}: {target}({kw.arg}=...) defaults to {param.default!r}, the page says "
             f"{ast.unparse(kw.value)}"
         )
-    if keyword_only:
-        assert any(p.kind is inspect.Parameter.KEYWORD_ONLY for p in expected.parameters.values())
+    kinds = [p.kind is inspect.Parameter.KEYWORD_ONLY for p in expected.parameters.values()]
+    assert keyword_only == any(kinds), f"{block.where}: `*,` (keyword-only parameters) as in {target}"
 
 
 def _block_source(page: str, index: int) -> Optional[str]:
@@ -209,16 +211,16 @@ def test_doc_block(chain: List[Block], ray_cluster, tmp_path, monkeypatch) -> No
             if "signature" in d:
                 _check_signature(block, d["signature"])
                 continue
+            if "setup" in d:
+                _exec(d["setup"], f"{block.page} (setup above line {block.line})", 0, namespace)
             if "file" in d:
                 path = tmp_path / d["file"]
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(block.code + "\n")
                 if block.lang == "python":
-                    compile(block.code, block.where, "exec")
-                continue
-            if "setup" in d:
-                _exec(d["setup"], f"{block.page} (setup above line {block.line})", 0, namespace)
-            _exec(block.code, block.page, block.line, namespace)
+                    compile("\n" * block.line + block.code, block.page, "exec")
+            else:
+                _exec(block.code, block.page, block.line, namespace)
             if "after" in d:
                 _exec(d["after"], f"{block.page} (after line {block.line})", 0, namespace)
     finally:
