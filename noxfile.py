@@ -68,10 +68,19 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    """ruff on everything, mypy on the public surface of every package."""
-    _install(session, "ruff", "mypy")
+    """ruff on everything, mypy on every package, and a check that a user's mypy sees the
+    installed packages as typed."""
+    _install(session, "ruff", "mypy", "typing_extensions")
+    # The packages with heavy frameworks, without them: mypy needs only their own sources.
+    no_deps = ["packages/sgd-tune", "packages/sgd-tensorflow", "packages/sgd-horovod"]
+    session.install("--no-deps", *[arg for p in no_deps for arg in ("-e", p)])
     session.run("ruff", "check", ".")
     session.run("mypy", *MYPY_TARGETS)
+    # A user's mypy reads sgd's hints only through the py.typed markers: check a use of the
+    # installed packages from outside the repository, with no mypy settings at all.
+    use = os.path.abspath("tests/typing/use_installed.py")
+    with session.chdir(session.create_tmp()):
+        session.run("mypy", "--no-incremental", "--config-file=", use)
 
 
 @nox.session(python=PYTHON)
