@@ -178,6 +178,7 @@ def _plugin_names() -> List[Tuple[str, int]]:
     return [(name, id(plugin)) for name, plugin in plugins.get_plugin_manager().list_name_plugin()]
 
 
+@pytest.mark.timeout(600)  # a chain can hold a few end-to-end runs (a Tune search: two trials)
 @pytest.mark.parametrize("chain", CHAINS, ids=[_chain_id(c) for c in CHAINS])
 def test_doc_block(chain: List[Block], ray_cluster, tmp_path, monkeypatch) -> None:
     """Run one block (or a chain of fragments) as a reader would paste it."""
