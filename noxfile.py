@@ -11,7 +11,7 @@ import os
 
 import nox
 
-nox.options.sessions = ["lint", "tests"]
+nox.options.sessions = ["lint", "tests", "docs"]
 nox.options.reuse_venv = "yes"
 nox.options.error_on_missing_interpreters = True
 
@@ -29,6 +29,22 @@ TEST_PACKAGES = [
     "packages/sgd-torch[huggingface,lightning]",
 ]
 
+# mypy checks each package's import package, so a user's mypy (which reads the py.typed
+# markers) sees the same hints type-checked.
+MYPY_TARGETS = [
+    "packages/sgd-core/src/sgd",
+    "packages/sgd-torch/src/sgd_torch",
+    "packages/sgd-tensorflow/src/sgd_tensorflow",
+    "packages/sgd-horovod/src/sgd_horovod",
+    "packages/sgd-loggers/src/sgd_loggers",
+    "packages/sgd-tune/src/sgd_tune",
+    "packages/sgd-testing/src/sgd_testing",
+]
+# mkdocs-material prints a banner about MkDocs 2 on every build; the build log stays readable without it.
+DOCS_ENV = {"NO_MKDOCS_2_WARNING": "1"}
+# ruff formats the signatures mkdocstrings renders.
+DOCS_DEPS = ["mkdocs>=1.6,<2", "mkdocs-material>=9.5,<10", "mkdocstrings[python]>=0.29", "ruff"]
+
 
 def _install(session: nox.Session, *extra: str) -> None:
     # torch first, alone, so the pinned CPU wheel is what every later step sees.
@@ -38,7 +54,13 @@ def _install(session: nox.Session, *extra: str) -> None:
 
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
-    """The whole test suite: each package's tests and the end-to-end tests in tests/."""
+    """The whole test suite: each package's tests and the end-to-end tests in tests/ (which run
+    every Python block of README.md and docs/), then the docs site build (``docs``)."""
+    # Queued, not called: the site build runs after the tests (even when they fail), in its own
+    # light virtualenv, so that `nox -s tests` (the README's test command and CI's) also fails on
+    # a broken doc page. A narrowed run (`nox -s tests -- PATH`) leaves it out.
+    if not session.posargs:
+        session.notify("docs")
     _install(session, *TEST_DEPS, *[arg for p in TEST_PACKAGES for arg in ("-e", p)])
     # Horovod has no usable wheel on PyPI: build one against this session's torch, once per
     # (horovod, torch, python) version, cached in ~/.cache/sgd/wheels (docs/horovod.md).
@@ -49,10 +71,33 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    """ruff on everything, mypy on the sgd core."""
-    _install(session, "ruff", "mypy")
+    """ruff on everything, mypy on every package, and a check that a user's mypy sees the
+    installed packages as typed."""
+    _install(session, "ruff", "mypy", "typing_extensions")
+    # The packages with heavy frameworks, without them: mypy needs only their own sources.
+    no_deps = ["packages/sgd-tune", "packages/sgd-tensorflow", "packages/sgd-horovod"]
+    session.install("--no-deps", *[arg for p in no_deps for arg in ("-e", p)])
     session.run("ruff", "check", ".")
-    session.run("mypy", "packages/sgd-core/src/sgd")
+    session.run("mypy", *MYPY_TARGETS)
+    # A user's mypy reads sgd's hints only through the py.typed markers: check a use of the
+    # installed packages from outside the repository, with no mypy settings at all.
+    use = os.path.abspath("tests/typing/use_installed.py")
+    with session.chdir(session.create_tmp()):
+        session.run("mypy", "--no-incremental", "--config-file=", use)
+
+
+@nox.session(python=PYTHON)
+def docs(session: nox.Session) -> None:
+    """The documentation site (MkDocs): the guide in docs/ and an API reference generated from
+    the docstrings, built with warnings as errors into ``build/site``. ``nox -s docs -- serve``
+    serves it on localhost instead."""
+    # mkdocstrings reads the packages' sources statically (griffe, paths in mkdocs.yml): building
+    # the reference imports none of them, so this session needs neither torch nor Ray.
+    session.install(*CONSTRAINTS, *DOCS_DEPS)
+    if session.posargs[:1] == ["serve"]:
+        session.run("mkdocs", "serve", *session.posargs[1:], env=DOCS_ENV)
+    else:
+        session.run("mkdocs", "build", "--strict", "--site-dir", "build/site", *session.posargs, env=DOCS_ENV)
 
 
 @nox.session(python=PYTHON)

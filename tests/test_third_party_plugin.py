@@ -114,9 +114,13 @@ def test_stateful_backend_keeps_one_object_across_runs_and_a_restart(installed, 
 
 def test_listed_with_failures_and_conflicts(installed):
     table = _cli(installed, "plugins").stdout
-    dummy_row = next(line for line in table.splitlines() if line.startswith("dummy "))
-    assert "dummy" in dummy_row.split()[2] and "DummyCallback" in dummy_row and "dummyfs" in dummy_row
+    lines = table.splitlines()
+    row = next(i for i, line in enumerate(lines) if line.startswith("dummy "))
+    dummy_row = lines[row]
+    assert "dummy" in dummy_row.split()[2] and "dummyfs" in dummy_row
     assert "0.0.1" in dummy_row
+    assert lines[row + 1].strip() == "callbacks: DummyCallback"   # callbacks under the plugin's row
+    assert max(len(line) for line in lines) <= 100
     assert "failed to load" in table and "dummy-broken" in table and "needs the 'jax' package" in table
     assert "conflict: backend 'torch'" in table
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -33,8 +34,11 @@ def test_listed_by_sgd_plugins():
     assert not [f for f in table["failed"] if f["name"] == "loggers"]
     text = subprocess.run([sys.executable, "-m", "sgd", "plugins"], capture_output=True, text=True, check=True,
                           timeout=120).stdout
-    (line,) = [ln for ln in text.splitlines() if ln.startswith("loggers ")]
-    assert all(name in line for name in CALLBACKS)
+    lines = text.splitlines()
+    (row,) = [i for i, ln in enumerate(lines) if ln.startswith("loggers ")]
+    # the callbacks are listed on the (indented) lines under the plugin's row
+    under = " ".join(ln.strip() for ln in itertools.takewhile(lambda ln: ln.startswith("  "), lines[row + 1:]))
+    assert under.startswith("callbacks: ") and all(name in under for name in CALLBACKS)
 
 
 def test_callback_classes_through_the_hook():

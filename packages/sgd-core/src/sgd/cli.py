@@ -8,10 +8,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.metadata
+import itertools
 import json
 import logging
 import os
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -65,6 +67,42 @@ def plugin_table() -> List[Dict[str, Any]]:
     return rows
 
 
+#: ``sgd plugins`` keeps every line within this many columns.
+TABLE_WIDTH = 100
+
+
+def _wrap(text: str, indent: str, width: int = TABLE_WIDTH) -> List[str]:
+    """``text`` wrapped at ``width`` on ", " and spaces; continuation lines start with ``indent``."""
+    return textwrap.wrap(text, width, subsequent_indent=indent, break_on_hyphens=False) or [text]
+
+
+def format_plugin_table(rows: List[Dict[str, Any]], width: int = TABLE_WIDTH) -> List[str]:
+    """The lines of ``sgd plugins``: one row per plugin (name, version, backends, storage schemes),
+    its callbacks on the lines under it, every line at most ``width`` columns.
+
+    A cell wider than its column wraps within the column: the first three columns are capped
+    (at 24, 12 and 24 characters), the storage column takes the rest.
+
+    :param rows: records as :func:`plugin_table` returns them.
+    :param width: the widest line allowed (at least 80).
+    """
+    header = ("plugin", "version", "backends", "storage")
+    cells = [
+        (str(r["name"]), str(r["version"]), ", ".join(r["backends"]) or "-", ", ".join(r["storage"]) or "-")
+        for r in rows
+    ]
+    widths = [min(max(len(row[i]) for row in cells + [header]), cap) for i, cap in enumerate((24, 12, 24))]
+    widths.append(width - sum(widths) - 2 * len(widths))
+    lines = []
+    for record, row in zip([None, *rows], [header, *cells]):
+        wrapped = [textwrap.wrap(cell, w, break_on_hyphens=False) or [cell] for cell, w in zip(row, widths)]
+        for parts in itertools.zip_longest(*wrapped, fillvalue=""):
+            lines.append("  ".join(part.ljust(w) for part, w in zip(parts, widths)).rstrip())
+        if record is not None and record["callbacks"]:
+            lines.extend(_wrap("  callbacks: " + ", ".join(record["callbacks"]), "    ", width))
+    return lines
+
+
 def _cmd_plugins(args: argparse.Namespace) -> int:
     rows = plugin_table()
     failures = plugins.load_failures()
@@ -81,26 +119,15 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
             )
         )
         return 0
-    header = ("plugin", "version", "backends", "callbacks", "storage")
-    table = [
-        (
-            str(r["name"]),
-            str(r["version"]),
-            ", ".join(r["backends"]) or "-",  # type: ignore[arg-type]
-            ", ".join(r["callbacks"]) or "-",  # type: ignore[arg-type]
-            ", ".join(r["storage"]) or "-",  # type: ignore[arg-type]
-        )
-        for r in rows
-    ]
-    widths = [max(len(row[i]) for row in table + [header]) for i in range(len(header))]
-    for row in [header] + table:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+    for line in format_plugin_table(rows):
+        print(line)
     for name, providers in conflicts.items():
-        print(f"\nconflict: backend {name!r} is provided by {', '.join(providers)}")
+        print()
+        print(*_wrap(f"conflict: backend {name!r} is provided by {', '.join(providers)}", "    "), sep="\n")
     if failures:
         print("\nfailed to load:")
         for f in failures:
-            print(f"  {f.name} ({f.distribution or '?'}): {f.reason}")
+            print(*_wrap(f"  {f.name} ({f.distribution or '?'}): {f.reason}", "      "), sep="\n")
     return 0
 
 

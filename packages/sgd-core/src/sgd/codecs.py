@@ -26,6 +26,21 @@ import struct
 from collections import OrderedDict
 from typing import IO, Any, Dict, List, Optional, Tuple
 
+__all__ = [
+    "TRUST_ENV",
+    "Codec",
+    "PickleCodec",
+    "SafeCodec",
+    "find_unsafe",
+    "get_codec",
+    "is_safe_format",
+    "load_safe",
+    "registered_codecs",
+    "resolve_trusted",
+    "save_safe",
+    "untrusted_error",
+]
+
 #: The environment variable that trusts every checkpoint this process loads.
 TRUST_ENV = "SGD_TRUST_CHECKPOINTS"
 

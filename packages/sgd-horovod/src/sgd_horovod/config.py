@@ -85,7 +85,7 @@ class HorovodConfig(BackendConfig):
 
 
 # The InitVar's default stays the __init__ default; the attribute reads what was passed.
-HorovodConfig.key = property(  # type: ignore[assignment,method-assign]
+HorovodConfig.key = property(  # type: ignore[assignment,method-assign,attr-defined]
     lambda self: getattr(self, "_key", None), doc="The secret passed as ``key`` (``None`` if none)."
 )
 

@@ -41,7 +41,8 @@ def trial_resources(num_workers: int, resources_per_worker: Dict[str, float]) ->
     Zero entries are dropped (Ray rejects them in bundles); custom resources are kept.
     """
     bundle = {k: v for k, v in resources_per_worker.items() if v > 0}
-    bundles: List[Dict[str, float]] = [{"CPU": 1}] + [dict(bundle) for _ in range(num_workers)]
+    driver: Dict[str, float] = {"CPU": 1}
+    bundles: List[Dict[str, float]] = [driver] + [dict(bundle) for _ in range(num_workers)]
     return PlacementGroupFactory(bundles, strategy="PACK")
 
 
@@ -142,9 +143,12 @@ class SgdTrainable(tune.Trainable):
         trainer.trial_info = {"name": self.trial_name, "id": self.trial_id,
                               "experiment": getattr(info, "experiment_name", None) or Path(self.logdir).parent.name}
         self._trainer = trainer
+        train_func = type(self)._sgd_train_func
+        if train_func is None:
+            raise TypeError(f"{type(self).__name__} has no training function; build it with sgd_tune.make_trainable")
         trainer.start()
         self._iterator = trainer.run_iterator(
-            type(self)._sgd_train_func, config=self.config, dataset=self._sgd_dataset,
+            train_func, config=self.config, dataset=self._sgd_dataset,
             checkpoint=self._restored_state,
         )
         self._newest_seen = None
