@@ -92,4 +92,4 @@ def save(obj: Any, f: IO[bytes]) -> List[str]:
 
 
 def load(f: IO[bytes], trusted: Optional[bool] = None, where: Optional[str] = None) -> Any:
-    return _CODEC.load(f, resolve_trusted(trusted), where or getattr(f, "name", "<stream>"))
+    return _CODEC.load(f, resolve_trusted(trusted), str(where or getattr(f, "name", "<stream>")))

@@ -102,7 +102,7 @@ def load(f: IO[bytes], trusted: Optional[bool] = None, where: Optional[str] = No
     except pickle.UnpicklingError as exc:
         if "Weights only load failed" not in str(exc) and "Unsupported" not in str(exc):
             raise
-        raise untrusted_error(where or getattr(f, "name", "<stream>"), _unsupported(exc)) from None
+        raise untrusted_error(str(where or getattr(f, "name", "<stream>")), _unsupported(exc)) from None
 
 
 class TorchCodec(Codec):

@@ -138,7 +138,7 @@ class AccelerateTrainer(TorchTrainer):
     @classmethod
     def restore(cls, path: Any, train_loop_per_worker: Optional[Callable[..., Any]] = None,
                 train_loop_config: Optional[Dict[str, Any]] = None, datasets: Optional[Dict[str, Any]] = None,
-                **overrides: Any) -> AccelerateTrainer:
+                trusted: Optional[bool] = None, **overrides: Any) -> AccelerateTrainer:
         """A trainer that continues the run in ``path`` (see :meth:`sgd.DataParallelTrainer.restore`).
 
         A new ``train_loop_per_worker`` runs under the saved ``accelerate_config``;
@@ -146,7 +146,8 @@ class AccelerateTrainer(TorchTrainer):
         """
         if "accelerate_config" in overrides:
             raise TypeError(f"{cls.__name__}.restore() cannot change accelerate_config; start a new run")
-        trainer = super().restore(path, train_loop_config=train_loop_config, datasets=datasets, **overrides)
+        trainer = super().restore(path, train_loop_config=train_loop_config, datasets=datasets, trusted=trusted,
+                                  **overrides)
         assert isinstance(trainer, AccelerateTrainer)
         if train_loop_per_worker is not None:
             from sgd.utils import wrap_train_func
