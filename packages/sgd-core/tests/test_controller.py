@@ -146,3 +146,15 @@ class _DyingSetupConfig(sgd.BackendConfig):
     @property
     def backend_cls(self):
         return _DyingSetupBackend
+
+
+def test_max_retries_set_between_runs_applies_to_the_next_run(ray_cluster, tmp_path):
+    # sgd_torch.v1 sets trainer.max_retries per call; a run reads it when it begins.
+    trainer = sgd.Trainer(backend="base", num_workers=2, max_retries=0)
+    trainer.start()
+    try:
+        trainer.max_retries = 1
+        marker = str(tmp_path / "died")
+        assert trainer.run(lambda: _dies_on_first_attempt(marker) or "ok") == ["ok", "ok"]
+    finally:
+        trainer.shutdown()

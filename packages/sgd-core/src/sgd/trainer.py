@@ -314,6 +314,7 @@ class Trainer:
         spec = RunSpec(
             train_func=fn, config=config or {}, callbacks=all_callbacks, checkpoint=initial,
             dataset=dataset, dataset_config=dataset_config, run_dir=run, manager=self._manager,
+            max_retries=self.max_retries,
             worker_run_info={
                 "experiment_name": trial.get("experiment") or self.logdir.name,
                 "trial_dir": str(run.path),

@@ -70,6 +70,9 @@ class RunSpec:
     dataset_config: Optional[Dict[str, DatasetConfig]]
     run_dir: RunDirectory
     manager: CheckpointManager
+    #: worker deaths this run recovers from (``-1``: unlimited): the trainer's ``max_retries``
+    #: when the run begins (it may change between runs).
+    max_retries: int
     #: what ``sgd.get_context()`` tells the workers about this run (experiment, trial...).
     worker_run_info: Dict[str, Optional[str]] = field(default_factory=dict)
     #: given to ``sgd_handle_result`` with every round.
@@ -121,7 +124,7 @@ class ActiveRun:
         self._executor = controller.executor
         self._spec = spec
         self._manager = spec.manager
-        self._policy = FailurePolicy(controller.max_retries)
+        self._policy = FailurePolicy(spec.max_retries)
         self._hook = get_plugin_manager().hook
         self._shards: Dict[int, Optional[List[Any]]] = {}
         self._delivered_iteration = spec.run_dir.last_iteration()
