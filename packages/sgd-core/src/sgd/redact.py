@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 __all__ = ["SECRET_KEY", "is_secret_key", "redact"]
 
@@ -23,20 +24,39 @@ def _secret_name(key: str) -> bool:
     return SECRET_KEY.search(key) is not None
 
 
+@functools.lru_cache(maxsize=1024)
+def _no_secret_keys(keys: tuple) -> bool:
+    return not any(is_secret_key(k) for k in keys)
+
+
 def is_secret_key(key: Any) -> bool:
     """Whether a dict key looks like it names a secret (``*api_key*``, ``*token*``, ...)."""
     return isinstance(key, str) and _secret_name(key)
 
 
+#: Types returned as they are without a look inside (the common report values): the check
+#: runs on every value of every report round, so it must stay cheap.
+_LEAVES = frozenset({str, int, float, bool, type(None)})
+
+
 def redact(value: Any) -> Any:
     """A copy of ``value`` without any dict entry whose key looks like a secret.
 
-    Recurses into dicts, lists and tuples (kept as tuples); other values are returned as they are.
+    Recurses into dicts (any mapping), lists and tuples (kept as tuples); other values are
+    returned as they are.
     """
-    if isinstance(value, Mapping):
+    if type(value) in _LEAVES:
+        return value
+    if isinstance(value, dict):
+        if _no_secret_keys(tuple(value)):  # a report's keys repeat every round: asked once
+            if all(type(v) in _LEAVES for v in value.values()):
+                return dict(value)
+            return {k: redact(v) for k, v in value.items()}
         return {k: redact(v) for k, v in value.items() if not is_secret_key(k)}
     if isinstance(value, list):
         return [redact(v) for v in value]
     if isinstance(value, tuple):
         return tuple(redact(v) for v in value)
+    if isinstance(value, Mapping):
+        return {k: redact(v) for k, v in value.items() if not is_secret_key(k)}
     return value
