@@ -40,8 +40,12 @@ def infeasible_timeout_s() -> float:
     return float(os.environ.get("SGD_INFEASIBLE_TIMEOUT_S", "10"))
 
 
-class ResourcesUnavailableError(RuntimeError):
-    """The cluster could not place the workers in time."""
+class ResourcesUnavailableError(RuntimeError, TimeoutError):
+    """The cluster could not place the workers in time.
+
+    Also a :class:`TimeoutError`, which is what Horovod's ``RayExecutor`` and Ray Train 1.x
+    code catch for the same case.
+    """
 
 
 def _check_count(value: Any, name: str) -> None:
