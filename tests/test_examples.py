@@ -68,3 +68,26 @@ def test_tensorflow_digits(ray_cluster):
     (w0, w1) = results
     assert w0 == pytest.approx(w1)  # synchronised workers: the same losses and model
     assert w0[1] < w0[0] and w0[-1] > 0.8  # loss falls; accuracy on the digits above 80%
+
+
+def test_horovod_linear(ray_cluster):
+    pytest.importorskip("horovod.torch")
+    results = load("horovod_linear").main(["--smoke-test"])
+    (w0, w1) = results
+    assert w0[-1] == pytest.approx(w1[-1])  # the same weight on both workers after allreduce
+    assert abs(w0[-1] - 2.0) < 1.0  # heading for the true slope (an untrained one is within ±1 of 0)
+
+
+def test_transformers_tiny(ray_cluster):
+    pytest.importorskip("transformers")
+    results = load("transformers_tiny").main(["--smoke-test"])
+    for losses in results:
+        assert len(losses) == 2 and losses[1] < losses[0]
+
+
+def test_lightning_regression(ray_cluster, tmp_path):
+    pytest.importorskip("lightning")
+    result = load("lightning_regression").main(["--smoke-test", "--storage-path", str(tmp_path)])
+    df = result.metrics_dataframe
+    assert list(df["epoch"]) == [0, 1, 2]
+    assert df["loss"].iloc[-1] < df["loss"].iloc[0]

@@ -108,18 +108,17 @@ class WorkerMixin:
 
     def _sgd_start_training(
         self,
-        train_func: Any,
-        encode: Callable[[Any], Any],
-        checkpoint: Optional[dict],
+        user_code: Any,
         dataset_shard: Any,
         max_pending: int,
         start_iteration: int = 0,
-        encode_checkpoint: Optional[Callable[[Any], Any]] = None,
         direct_write: Optional[DirectWrite] = None,
         run_info: Optional[Dict[str, Optional[str]]] = None,
         preloads: int = 0,
     ) -> None:
-        train_func = _user_code(train_func, preloads)
+        """Start a run: ``user_code`` is ``(train_func, encode, encode_checkpoint, checkpoint)``,
+        pickled (bytes) while preloads are pending on this worker."""
+        train_func, encode, encode_checkpoint, checkpoint = _user_code(user_code, preloads)
         previous = STATE.session
         if previous is not None and not previous.finished:
             raise RuntimeError("a training function is still running on this worker")
