@@ -19,7 +19,8 @@ PYTHON = "3.11"
 CONSTRAINTS = ("-c", "constraints.txt")
 PACKAGES = ["packages/sgd-core", "packages/sgd-torch", "packages/sgd-testing", "packages/sgd-loggers"]
 TEST_DEPS = ["pytest>=8", "pytest-timeout", "setuptools", "wheel", "numpy", "pyarrow", "fsspec", "ray[data]",
-             "moto[server]"]  # moto: a real S3 server process for the s3:// storage tests
+             "moto[server]",  # moto: a real S3 server process for the s3:// storage tests
+             "torch-tb-profiler"]  # TensorBoard's PyTorch Profiler plugin parses the traces sgd writes
 # The test session also installs the packages with heavy optional parts, with those parts.
 TEST_PACKAGES = [
     "packages/sgd-loggers[mlflow,wandb,tensorboard,plot]",

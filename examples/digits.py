@@ -1,6 +1,7 @@
 """Train a small neural network on 8x8 handwritten digits with 2 sgd workers.
 
-This is the first thing to run after installing sgd (``nox -s demo``)::
+Mirrors Ray Train 1.x's ``train_fashion_mnist_example.py``, with scikit-learn's digits in place of
+Fashion-MNIST (which needs a download). This is the first thing to run after installing sgd (``nox -s demo``)::
 
     python examples/digits.py                 # 2 workers, 10 epochs
     python examples/digits.py --epochs 5 --num-workers 1
@@ -111,13 +112,16 @@ class PrintEpoch(sgd.TrainingCallback):
         )
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=10, help="passes over the training data (default 10)")
     parser.add_argument("--num-workers", type=int, default=2, help="training processes (default 2)")
     parser.add_argument("--batch-size", type=int, default=32, help="batch size per worker (default 32)")
     parser.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate (default 0.003)")
-    args = parser.parse_args()
+    parser.add_argument("--smoke-test", action="store_true", help="quick mode (used by the tests): 5 epochs")
+    args = parser.parse_args(argv)
+    if args.smoke_test:
+        args.epochs = min(args.epochs, 5)
 
     # sgd starts a local Ray cluster by itself (or joins the one RAY_ADDRESS names),
     # sized to this machine's CPUs. Each worker reserves one CPU, so only ask a local

@@ -193,3 +193,81 @@ def test_uses_an_enclosing_placement_group(ray_cluster):
         assert ray.util.placement_group_table(pg)["state"] == "CREATED"
     finally:
         remove_placement_group(pg)
+
+
+# --- Ray Train 1.x's WorkerGroup API (issue 18) --------------------------------------------
+
+
+def test_bare_group_has_one_worker_as_in_ray(ray_cluster):
+    wg = sgd.WorkerGroup()
+    try:
+        assert len(wg) == 1 and wg.num_workers == 1
+        assert wg.execute(sgd.world_size) == [1]
+    finally:
+        wg.shutdown()
+
+
+def test_in_a_placement_group_the_caller_made(ray_cluster):
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    pg = placement_group([{"CPU": 2}], strategy="PACK")  # one bundle holding both workers
+    try:
+        wg = sgd.WorkerGroup(num_workers=2, placement_group=pg)
+        try:
+            assert wg.placement_group is pg
+            ids = wg.execute(lambda: ray.util.get_current_placement_group().id.hex())
+            assert ids == [pg.id.hex()] * 2
+            assert wg.execute(sgd.world_rank) == [0, 1]
+        finally:
+            wg.shutdown()
+        # The caller's reservation outlives the group.
+        assert ray.util.placement_group_table(pg)["state"] == "CREATED"
+    finally:
+        remove_placement_group(pg)
+
+
+def test_placement_group_of_wrong_type_is_a_clear_error():
+    with pytest.raises(TypeError, match="placement_group must be a .*PlacementGroup.*got 'pack'"):
+        sgd.WorkerGroup(placement_group="pack")
+
+
+def test_add_and_remove_workers(ray_cluster):
+    total = ray.cluster_resources()["CPU"]
+    wait_for(lambda: ray.available_resources().get("CPU", 0) == total, timeout=30)
+    wg = sgd.WorkerGroup(num_workers=1, actor_cls=Executable, actor_cls_args=(10,))
+    try:
+        first = wg.execute(_pid)
+        wg.add_workers(2)
+        assert len(wg) == wg.num_workers == 3
+        pids = wg.execute(_pid)
+        assert pids[0] == first[0] and len(set(pids)) == 3
+        assert wg.execute(sgd.world_rank) == [0, 1, 2]
+        assert wg.execute(sgd.world_size) == [3, 3, 3]
+        assert ray.get([w.train.remote(epoch=1) for w in wg]) == [(11, 0, 3), (11, 1, 3), (11, 2, 3)]
+        wait_for(lambda: ray.available_resources().get("CPU", 0) == total - 3, timeout=10)
+
+        wg.remove_workers([0, 2])
+        assert len(wg) == 1 and wg.execute(_pid) == [pids[1]]
+        assert wg.execute(sgd.world_rank) == [0] and wg.execute(sgd.world_size) == [1]
+
+        for bad, match in (([5], r"indexes \[5\] are not worker indexes"), ([0, 0], "repeated"),
+                           ([0], "leave no worker")):
+            with pytest.raises(ValueError, match=match):
+                wg.remove_workers(bad)
+        with pytest.raises(ValueError, match="num_workers must be a positive int"):
+            wg.add_workers(0)
+    finally:
+        wg.shutdown()
+    wait_for(lambda: ray.available_resources().get("CPU", 0) == total, timeout=20)
+    with pytest.raises(RuntimeError, match="shut down"):
+        wg.add_workers(1)
+
+
+def test_resizing_a_group_with_a_backend_is_refused(ray_cluster):
+    trainer = sgd.Trainer(backend=sgd.BackendConfig(), num_workers=1)
+    wg = trainer.to_worker_group(Executable, 1)
+    try:
+        with pytest.raises(RuntimeError, match="add_workers: this group has a Backend set up for 1 workers"):
+            wg.add_workers(1)
+    finally:
+        wg.shutdown()

@@ -211,3 +211,17 @@ def test_settings_and_bad_arguments():
         from sgd_horovod.executor import _warn_callbacks
 
         _warn_callbacks([print])
+
+
+def test_infeasible_placement_is_a_timeout_error_as_in_horovod(ray_cluster):
+    """Horovod's RayExecutor raises TimeoutError when the placement group never becomes ready;
+    sgd's ResourcesUnavailableError is one (and still a RuntimeError)."""
+    import sgd
+
+    settings = RayExecutor.create_settings(timeout_s=30, placement_group_timeout_s=2)
+    executor = RayExecutor(settings, num_workers=2, cpus_per_worker=10_000)
+    with pytest.raises(TimeoutError, match="could not place 2 workers") as info:
+        executor.start()
+    assert isinstance(info.value, sgd.ResourcesUnavailableError) and isinstance(info.value, RuntimeError)
+    with pytest.raises(RuntimeError, match="not started"):
+        executor.run(os.getpid)

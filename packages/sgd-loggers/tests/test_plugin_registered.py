@@ -20,7 +20,7 @@ from sgd_loggers import (
 )
 
 CALLBACKS = ["JsonLoggerCallback", "CSVLoggerCallback", "TBXLoggerCallback", "MLflowLoggerCallback",
-             "WandbLoggerCallback", "PrintCallback", "ProgressCallback"]
+             "WandbLoggerCallback", "TorchTensorboardProfilerCallback", "PrintCallback", "ProgressCallback"]
 
 
 def test_listed_by_sgd_plugins():

@@ -134,7 +134,11 @@ class RunConfig:
 class Result:
     """What ``fit()`` returns, also when training failed (then ``error`` is set).
 
-    :ivar metrics: the last report of rank 0 (``None`` if there was none).
+    :ivar metrics: the last report of rank 0 (``None`` if there was none), with Ray Train's
+        result fields added: ``training_iteration``, ``time_this_iter_s``, ``time_total_s``,
+        ``timestamp``, ``date``, ``hostname``, ``node_ip``, ``pid`` (of rank 0's process),
+        ``config`` (the run's config), ``done`` (``True`` when the run finished without error)
+        and ``trial_id`` (the Ray Tune trial's id, else the run directory's name).
     :ivar checkpoint: the latest persisted checkpoint, or ``None``.
     :ivar best_checkpoints: ``(checkpoint, metrics)`` for every kept checkpoint, oldest first.
     :ivar error: the exception that ended training (the worker's own type), or ``None``.
@@ -166,6 +170,7 @@ class Result:
         from sgd.runs import checkpoints, result_rows
 
         rows = [r[0] for r in result_rows(run)]
+        _add_ray_fields(run, rows, finished=error is None)
         by_iteration = {r.get("_training_iteration"): r for r in rows}
         kept = []
         for c in checkpoints(run):
@@ -184,6 +189,44 @@ class Result:
     def __repr__(self) -> str:
         return (f"Result(metrics={self.metrics!r}, checkpoint={self.checkpoint!r}, "
                 f"error={self.error!r}, path={self.path!r})")
+
+
+#: Ray Train's result field → the autofilled sgd key it is read from.
+RAY_RESULT_FIELDS = {
+    "training_iteration": "_training_iteration",
+    "time_this_iter_s": "_time_this_iter_s",
+    "time_total_s": "_time_total_s",
+    "timestamp": "_timestamp",
+    "date": "_date",
+    "hostname": "_hostname",
+    "node_ip": "_node_ip",
+    "pid": "_pid",
+}
+
+
+def _add_ray_fields(run: Path, rows: List[Dict[str, Any]], finished: bool) -> None:
+    """Give each of rank 0's rows Ray Train's result fields (see :attr:`Result.metrics`), in place."""
+    from sgd._internal.protocol import detailed_metrics_enabled, strip_detailed
+    from sgd.runs import read_settings, run_status
+
+    try:
+        settings = read_settings(run)
+    except (OSError, ValueError):
+        settings = {}
+    config = settings.get("run_config") or {}
+    trial_id = settings.get("trial_id") or run.name
+    done = finished and run_status(run) == "FINISHED"
+    detailed = detailed_metrics_enabled()
+    for i, row in enumerate(rows):
+        for ray_key, key in RAY_RESULT_FIELDS.items():
+            if key in row:
+                row.setdefault(ray_key, row[key])
+        if not detailed:
+            strip_detailed([row])
+        row.setdefault("done", done and i == len(rows) - 1)
+        row.setdefault("trial_id", trial_id)
+    if rows:
+        rows[-1].setdefault("config", config)
 
 
 class DataParallelTrainer:

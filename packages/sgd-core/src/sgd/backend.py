@@ -9,7 +9,7 @@ configures) whose :attr:`~BackendConfig.backend_cls` names a :class:`Backend`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional, Tuple, Type
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Type
 
 if TYPE_CHECKING:
     from sgd.worker_group import WorkerGroup
@@ -33,6 +33,13 @@ class Backend:
     #: exists, while the driver is still placing and ranking the group (a framework's
     #: import is most of a cold start).
     preload_modules: tuple = ()
+
+    #: Ray Train's switch: when true and the workers have GPUs, sgd-core sets
+    #: ``CUDA_VISIBLE_DEVICES`` on every worker to all the GPUs of the group's workers on its
+    #: node (NCCL's peer-to-peer needs them visible) before :meth:`on_start`, on every
+    #: (re)start, and ``SGD_OWN_GPU_IDS`` to the worker's own ones
+    #: (see :func:`share_cuda_visible_devices`).
+    share_cuda_visible_devices: bool = False
 
     def on_start(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
         """Set the framework up on every worker (after ranks are assigned)."""
@@ -68,6 +75,36 @@ class Backend:
     def decode_checkpoint(state: Any) -> Any:
         """Undo :meth:`encode_checkpoint` on the driver."""
         return state
+
+
+def _set_env(env: Dict[str, str]) -> None:
+    import os
+
+    os.environ.update(env)
+
+
+def share_cuda_visible_devices(worker_group: WorkerGroup) -> None:
+    """Let the workers on one node see each other's GPUs: each worker's
+    ``CUDA_VISIBLE_DEVICES`` becomes the GPU ids Ray gave to all of the group's workers on
+    its node (sorted), and ``SGD_OWN_GPU_IDS`` the ids Ray gave to it alone, so it can still
+    pick its own device (``sgd_torch.get_device`` does). Does nothing when no worker has a GPU.
+
+    sgd-core calls it for a backend whose :attr:`Backend.share_cuda_visible_devices` is true;
+    call it yourself on a group you set up another way.
+    """
+    import ray
+
+    if not any(meta.gpu_ids for meta in worker_group.metadata):
+        return
+    per_node: Dict[str, List[str]] = {}
+    for meta in worker_group.metadata:
+        per_node.setdefault(meta.node_id, []).extend(meta.gpu_ids)
+    refs = []
+    for rank, meta in enumerate(worker_group.metadata):
+        ids = sorted(set(per_node[meta.node_id]), key=lambda g: (len(g), g))
+        env = {"CUDA_VISIBLE_DEVICES": ",".join(ids), "SGD_OWN_GPU_IDS": ",".join(meta.gpu_ids)}
+        refs.append(worker_group.execute_single_async(rank, _set_env, env))
+    ray.get(refs)
 
 
 def free_address() -> Tuple[str, int]:

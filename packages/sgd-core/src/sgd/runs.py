@@ -30,6 +30,7 @@ __all__ = [
     "read_settings",
     "result_rows",
     "run_info",
+    "run_status",
     "run_summary",
     "resolve_run_dir",
 ]
@@ -135,6 +136,12 @@ def _status(run: Path) -> Dict[str, Any]:
     if status == "RUNNING" and _driver_gone(data):
         status = "DRIVER_DIED"
     return {"status": status, "time": data.get("time")}
+
+
+def run_status(run: Union[str, os.PathLike]) -> str:
+    """The run's status: ``RUNNING``, ``FINISHED``, ``ERRORED``, ``INTERRUPTED``, ``DRIVER_DIED``
+    (a ``RUNNING`` run whose driver on this host is gone) or ``UNKNOWN`` (no readable status)."""
+    return str(_status(Path(run))["status"])
 
 
 def _driver_gone(data: Dict[str, Any]) -> bool:

@@ -308,9 +308,10 @@ class Trainer:
         else:
             run = RunDirectory.create(self._next_run_dir())
             self._manager = CheckpointManager(run.checkpoint_dir, strategy, codec, mirror=self._mirror_for(run.path))
-        run.write_settings(self._settings())
-        self._latest_run_dir = run.path
         trial = self.trial_info or {}
+        # The run's config and trial are kept with it for Result.metrics (Ray Train's "config", "trial_id").
+        run.write_settings(dict(self._settings(), run_config=config or {}, trial_id=trial.get("id")))
+        self._latest_run_dir = run.path
         spec = RunSpec(
             train_func=fn, config=config or {}, callbacks=all_callbacks, checkpoint=initial,
             dataset=dataset, dataset_config=dataset_config, run_dir=run, manager=self._manager,

@@ -10,7 +10,7 @@ import logging
 import os
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
@@ -40,14 +40,23 @@ def infeasible_timeout_s() -> float:
     return float(os.environ.get("SGD_INFEASIBLE_TIMEOUT_S", "10"))
 
 
-class ResourcesUnavailableError(RuntimeError):
-    """The cluster could not place the workers in time."""
+class ResourcesUnavailableError(RuntimeError, TimeoutError):
+    """The cluster could not place the workers in time.
+
+    Also a :class:`TimeoutError`, which is what Horovod's ``RayExecutor`` and Ray Train 1.x
+    code catch for the same case.
+    """
+
+
+def _check_count(value: Any, name: str) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
 class WorkerGroup:
     """A group of Ray actors, one per worker, indexed by world rank.
 
-    :param num_workers: how many actors (> 0).
+    :param num_workers: how many actors (> 0); 1 by default, as in Ray Train.
     :param num_cpus_per_worker: CPUs reserved per actor (>= 0).
     :param num_gpus_per_worker: GPUs reserved per actor (>= 0).
     :param additional_resources_per_worker: custom Ray resources per actor.
@@ -55,6 +64,10 @@ class WorkerGroup:
         methods can be called through the handles (``wg[0].train.remote()``).
     :param actor_cls_args: positional arguments for ``actor_cls``.
     :param actor_cls_kwargs: keyword arguments for ``actor_cls``.
+    :param placement_group: a placement group you created (``ray.util.placement_group``):
+        the workers go into its bundles (any bundle with room, as in Ray Train) and it is left
+        for you to remove. ``"default"`` (or ``None``): the enclosing placement group when
+        there is one (a Ray Tune trial's), else one the group reserves and removes itself.
     :param placement_timeout_s: how long to wait for the cluster to place the group.
     :param preload_modules: modules every worker starts importing in the background at once.
 
@@ -64,20 +77,20 @@ class WorkerGroup:
 
     def __init__(
         self,
-        num_workers: int = 2,
+        num_workers: int = 1,
         num_cpus_per_worker: float = 1,
         num_gpus_per_worker: float = 0,
         additional_resources_per_worker: Optional[Dict[str, float]] = None,
         actor_cls: Optional[type] = None,
         actor_cls_args: Optional[tuple] = None,
         actor_cls_kwargs: Optional[dict] = None,
+        placement_group: Union[PlacementGroup, str, None] = "default",
         *,
         placement_timeout_s: Optional[float] = None,
         preload_modules: Tuple[str, ...] = (),
         placement_strategy: str = "PACK",
     ):
-        if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers <= 0:
-            raise ValueError(f"num_workers must be a positive int, got {num_workers!r}")
+        _check_count(num_workers, "num_workers")
         if num_cpus_per_worker < 0 or num_gpus_per_worker < 0:
             raise ValueError(
                 f"CPUs and GPUs per worker must be >= 0, got num_cpus_per_worker={num_cpus_per_worker}, "
@@ -92,6 +105,11 @@ class WorkerGroup:
         if placement_strategy not in PLACEMENT_STRATEGIES:
             raise ValueError(f"placement_strategy must be one of {', '.join(PLACEMENT_STRATEGIES)}, "
                              f"got {placement_strategy!r}")
+        if not (placement_group in (None, "default") or isinstance(placement_group, PlacementGroup)):
+            raise TypeError(
+                "placement_group must be a ray.util.placement_group.PlacementGroup you created, or "
+                f"'default' (sgd reserves one itself), got {placement_group!r}"
+            )
         self.placement_strategy = placement_strategy
         self.num_workers = num_workers
         self.num_cpus_per_worker = num_cpus_per_worker
@@ -102,9 +120,16 @@ class WorkerGroup:
         self._actor_kwargs = dict(actor_cls_kwargs or {})
         self._placement_timeout_s = placement_timeout_s
         self._preload_modules = tuple(preload_modules)
-        self._pg: Optional[PlacementGroup] = None
-        self._owns_pg = True
-        self._bundle_offset = 0
+        #: The caller's placement group (``placement_group=``), never removed by this group.
+        self._given_pg: Optional[PlacementGroup] = (
+            placement_group if isinstance(placement_group, PlacementGroup) else None
+        )
+        # One slot per worker, in index order: (placement group, bundle index; -1 is any bundle).
+        self._slots: List[Tuple[PlacementGroup, int]] = []
+        # The placement groups this group reserved itself (removed on shutdown).
+        self._own_pgs: List[PlacementGroup] = []
+        # Preloads sent to each actor (by actor id): calls with user code wait for them there.
+        self._preloads: Dict[Any, int] = {}
         self.workers: List[Any] = []
         self.metadata: List[WorkerMetadata] = []
         self.contexts: List[WorkerContext] = []
@@ -126,7 +151,13 @@ class WorkerGroup:
 
     @property
     def is_running(self) -> bool:
+        """Whether the actors are up."""
         return bool(self.workers)
+
+    @property
+    def placement_group(self) -> Optional[PlacementGroup]:
+        """The placement group the workers run in (the first one, if :meth:`add_workers` made more)."""
+        return self._slots[0][0] if self._slots else None
 
     def start(self) -> None:
         """Reserve the resources and start the actors.
@@ -140,25 +171,8 @@ class WorkerGroup:
         bundle = self.bundle
         if not bundle:
             raise ValueError("each worker must reserve some resource (CPU, GPU or a custom one)")
-        current = ray.util.get_current_placement_group()
-        if current is not None:
-            # Running inside a reservation made for us (a Ray Tune trial asks for one bundle
-            # for its own driver, then one per worker): use its last bundles, never nest.
-            specs = current.bundle_specs
-            if len(specs) < self.num_workers:
-                raise ValueError(
-                    f"the enclosing placement group has {len(specs)} bundles; {self.num_workers} workers "
-                    "need one each"
-                )
-            self._pg, self._owns_pg = current, False
-            self._bundle_offset = len(specs) - self.num_workers
-        else:
-            self._pg = placement_group([dict(bundle) for _ in range(self.num_workers)],
-                                       strategy=self.placement_strategy)
-            self._owns_pg, self._bundle_offset = True, 0
         try:
-            if self._owns_pg:
-                self._wait_for_placement(bundle)
+            self._slots = self._reserve(self.num_workers, first=True)
             self._start_actors()
         except BaseException:
             for actor in self.workers:  # asked for but never running: not a group
@@ -167,30 +181,59 @@ class WorkerGroup:
             self._release()
             raise
 
-    def _wait_for_placement(self, bundle: Dict[str, float]) -> None:
-        assert self._pg is not None
-        feasible, why = _feasible(bundle, self.num_workers)
+    def _reserve(self, count: int, first: bool) -> List[Tuple[PlacementGroup, int]]:
+        """Slots for ``count`` more workers: in the caller's placement group, the enclosing one
+        (a Ray Tune trial's), or a new one of ``count`` bundles that this group owns."""
+        if self._given_pg is not None:
+            self._wait_for_placement(self._given_pg, self.bundle, count, owned=False)
+            return [(self._given_pg, -1)] * count  # any bundle with room, as in Ray Train
+        current = ray.util.get_current_placement_group()
+        if current is not None:
+            # Running inside a reservation made for us (a Ray Tune trial asks for one bundle
+            # for its own driver, then one per worker): use its last bundles, never nest.
+            specs = current.bundle_specs
+            if first:
+                if len(specs) < count:
+                    raise ValueError(
+                        f"the enclosing placement group has {len(specs)} bundles; {count} workers "
+                        "need one each"
+                    )
+                offset = len(specs) - count
+                return [(current, offset + i) for i in range(count)]
+            return [(current, -1)] * count
+        pg = placement_group([dict(self.bundle) for _ in range(count)], strategy=self.placement_strategy)
+        self._own_pgs.append(pg)
+        self._wait_for_placement(pg, self.bundle, count, owned=True)
+        return [(pg, i) for i in range(count)]
+
+    def _wait_for_placement(self, pg: PlacementGroup, bundle: Dict[str, float], count: int, owned: bool) -> None:
+        feasible, why = _feasible(bundle, count) if owned else (True, "")
         timeout = self._placement_timeout_s
         if timeout is None:
             timeout = placement_timeout_s() if feasible else infeasible_timeout_s()
         deadline = time.monotonic() + timeout
-        ready = self._pg.ready()
+        ready = pg.ready()
         while True:
             done, _ = ray.wait([ready], timeout=min(5.0, max(0.0, deadline - time.monotonic())))
             if done:
                 return
             if time.monotonic() >= deadline:
                 break
-            logger.warning("waiting for resources for %d workers of %s", self.num_workers, bundle)
-        feasible, why = _feasible(bundle, self.num_workers)
+            logger.warning("waiting for resources for %d workers of %s", count, bundle)
+        if not owned:
+            raise ResourcesUnavailableError(
+                f"the placement group passed as placement_group= was not ready within {timeout:.0f}s; "
+                "check that the cluster can hold its bundles (ray.util.placement_group_table())."
+            )
+        feasible, why = _feasible(bundle, count)
         raise ResourcesUnavailableError(
-            f"could not place {self.num_workers} workers of {bundle} within {timeout:.0f}s: "
+            f"could not place {count} workers of {bundle} within {timeout:.0f}s: "
             + (why if not feasible else "the resources exist but are in use by other work")
             + ". Ask for fewer workers or resources per worker, or add nodes to the cluster."
         )
 
-    def _start_actors(self) -> None:
-        assert self._pg is not None
+    def _launch(self, slots: List[Tuple[PlacementGroup, int]]) -> Tuple[List[Any], List[WorkerMetadata]]:
+        """Start one actor per slot and wait for each to report where it runs."""
         remote_cls = remote_worker_class(self._actor_cls)
         extra = {k: v for k, v in self.additional_resources_per_worker.items() if v > 0}
         actors = [
@@ -198,33 +241,113 @@ class WorkerGroup:
                 num_cpus=self.num_cpus_per_worker,
                 num_gpus=self.num_gpus_per_worker,
                 resources=extra or None,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    self._pg, placement_group_bundle_index=self._bundle_offset + i
-                ),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index),
             ).remote(*self._actor_args, **self._actor_kwargs)
-            for i in range(self.num_workers)
+            for pg, index in slots
         ]
+        try:
+            if self._preload_modules:  # overlaps the framework import with what follows
+                for a in actors:
+                    self._send_preload(a, self._preload_modules)
+            timeout = self._placement_timeout_s or placement_timeout_s()
+            refs = [a._sgd_metadata.remote() for a in actors]
+            # Bounded: a reservation on a lost node may never be honoured.
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+            if len(ready) < len(refs):
+                raise ResourcesUnavailableError(
+                    f"{len(refs)} workers did not start within {timeout:.0f}s (a node of the "
+                    "reservation may be gone)."
+                )
+            metadata, errors = [], []
+            for ref in refs:  # every one read, so Ray logs no "unhandled error" for the rest
+                try:
+                    metadata.append(ray.get(ref))
+                except Exception as exc:  # actor_cls(...) raised: re-raised with its type
+                    errors.append(exc)
+            if errors:
+                raise errors[0]
+        except BaseException:
+            for a in actors:
+                ray.kill(a, no_restart=True)
+            raise
+        return actors, metadata
+
+    def _start_actors(self) -> None:
+        actors, metadata = self._launch(self._slots)
         self.workers = actors
-        if self._preload_modules:
-            self.preload(self._preload_modules)  # overlaps the framework import with what follows
-        timeout = self._placement_timeout_s or placement_timeout_s()
-        refs = [a._sgd_metadata.remote() for a in actors]
-        # Bounded: a reservation on a lost node may never be honoured.
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
-        if len(ready) < len(refs):
-            raise ResourcesUnavailableError(
-                f"{self.num_workers} workers did not start within {timeout:.0f}s (a node of the "
-                "reservation may be gone)."
-            )
-        metadata, errors = [], []
-        for ref in refs:  # every one read, so Ray logs no "unhandled error" for the rest
-            try:
-                metadata.append(ray.get(ref))
-            except Exception as exc:  # actor_cls(...) raised: re-raised with its type
-                errors.append(exc)
-        if errors:
-            raise errors[0]
         self._assign_ranks(actors, metadata)
+
+    # --- resizing (Ray Train 1.x's WorkerGroup API) ---------------------------------------
+
+    def add_workers(self, num_workers: int) -> None:
+        """Start ``num_workers`` more workers, appended after the current ones (indices
+        ``len(group)`` onwards); every worker's context (world size, ranks) is updated.
+
+        New workers go into the ``placement_group=`` the group was made with, or into a new
+        placement group of their own that the group removes on shutdown.
+
+        :raises ValueError: ``num_workers`` is not a positive int.
+        :raises RuntimeError: the group is shut down, or a backend is set up on it (its
+            process group or rendezvous has a fixed size: start a new group instead).
+        :raises ResourcesUnavailableError: the cluster cannot place them in time.
+        """
+        _check_count(num_workers, "num_workers")
+        self._check_resizable("add_workers")
+        slots = self._reserve(num_workers, first=False)
+        actors, metadata = self._launch(slots)
+        self._slots += slots
+        self._set_order(self.workers + actors, self.metadata + metadata)
+
+    def remove_workers(self, worker_indexes: List[int]) -> None:
+        """Stop the workers at ``worker_indexes``; the others keep their order and are
+        renumbered from 0 (their contexts updated). Their reservation stays held until shutdown.
+
+        :raises ValueError: an index is out of range or repeated, or no worker would be left
+            (call :meth:`shutdown` instead).
+        :raises RuntimeError: the group is shut down, or a backend is set up on it.
+        """
+        self._check_resizable("remove_workers")
+        indexes = list(worker_indexes)
+        n = len(self.workers)
+        bad = [i for i in indexes if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < n]
+        if bad:
+            raise ValueError(f"remove_workers: indexes {bad} are not worker indexes of this group (0..{n - 1})")
+        if len(set(indexes)) != len(indexes):
+            raise ValueError(f"remove_workers: repeated indexes in {indexes}")
+        if len(indexes) == n:
+            raise ValueError("remove_workers would leave no worker; call shutdown() instead")
+        gone = set(indexes)
+        for i in sorted(gone):
+            ray.kill(self.workers[i], no_restart=True)
+            self._preloads.pop(self.workers[i]._actor_id, None)
+        keep = [i for i in range(n) if i not in gone]
+        self._slots = [self._slots[i] for i in keep]
+        self._set_order([self.workers[i] for i in keep], [self.metadata[i] for i in keep])
+
+    def _check_resizable(self, what: str) -> None:
+        self._check_running()
+        if self.backend is not None:
+            raise RuntimeError(
+                f"{what}: this group has a {type(self.backend).__name__} set up for {len(self.workers)} "
+                "workers; shut it down and start one of the size you want (or use Trainer(num_workers=(min, max)))"
+            )
+
+    def _set_order(self, actors: List[Any], metadata: List[WorkerMetadata]) -> None:
+        """Contexts for workers kept in this exact index order (ranks follow the indices)."""
+        nodes: Dict[str, int] = {}
+        per_node: Dict[str, int] = {}
+        for m in metadata:
+            nodes.setdefault(m.node_id, len(nodes))
+            per_node[m.node_id] = per_node.get(m.node_id, 0) + 1
+        seen: Dict[str, int] = {}
+        contexts = []
+        for i, m in enumerate(metadata):
+            contexts.append(WorkerContext(world_rank=i, local_rank=seen.get(m.node_id, 0), world_size=len(actors),
+                                          node_rank=nodes[m.node_id], local_world_size=per_node[m.node_id]))
+            seen[m.node_id] = seen.get(m.node_id, 0) + 1
+        self.workers, self.metadata, self.contexts = list(actors), list(metadata), contexts
+        self.num_workers = len(actors)
+        ray.get([w._sgd_set_context.remote(c) for w, c in zip(self.workers, contexts)])
 
     def _assign_ranks(self, actors: List[Any], metadata: List[WorkerMetadata]) -> None:
         driver_node = ray.get_runtime_context().get_node_id()
@@ -249,6 +372,7 @@ class WorkerGroup:
                 )
         self.workers = [actors[i] for i in order]
         self.metadata = [metadata[i] for i in order]
+        self._slots = [self._slots[i] for i in order]
         self.contexts = contexts
         ray.get([w._sgd_set_context.remote(c) for w, c in zip(self.workers, contexts)])
 
@@ -276,10 +400,11 @@ class WorkerGroup:
             ray.wait(refs, num_returns=len(refs), timeout=patience_s)
         for w in workers:
             ray.kill(w, no_restart=True)
+            self._preloads.pop(w._actor_id, None)
         # metadata/contexts still describe the stopped actors (where they ran) until a restart.
 
     def restart_actors(self) -> None:
-        """Kill every actor at once and start fresh ones in the same reservation.
+        """Kill every actor at once and start fresh ones in the same reservation (as many as now).
 
         Used after a failure: a worker stuck in a collective cannot be stopped
         any other way.
@@ -288,14 +413,13 @@ class WorkerGroup:
         self._start_actors()
 
     def _release(self) -> None:
-        if self._pg is not None and not self._owns_pg:
-            self._pg = None  # someone else's reservation: theirs to remove
-        if self._pg is not None:
+        # Only our own reservations: the caller's or an enclosing one is theirs to remove.
+        pgs, self._own_pgs, self._slots = self._own_pgs, [], []
+        for pg in pgs:
             try:
-                remove_placement_group(self._pg)
+                remove_placement_group(pg)
             except Exception:  # the cluster may already be gone
                 logger.debug("could not remove placement group", exc_info=True)
-            self._pg = None
 
     def add_shutdown_hook(self, hook: Callable[[WorkerGroup], None]) -> None:
         """Run ``hook(group)`` at the start of :meth:`shutdown`, while the actors are alive."""
@@ -307,10 +431,36 @@ class WorkerGroup:
         if not self.workers:
             raise RuntimeError("this WorkerGroup is shut down; call start() first")
 
+    def _send_preload(self, actor: Any, modules: Tuple[str, ...]) -> None:
+        actor._sgd_preload.remote(tuple(modules))
+        self._preloads[actor._actor_id] = self._preloads.get(actor._actor_id, 0) + 1
+
+    def user_code_for(self, index: int, code: Any, pickled: Optional[bytes] = None) -> Tuple[Any, int]:
+        """How to send ``code`` (a function) to worker ``index``: ``(code or its pickle, preloads)``.
+
+        While preloads were sent to that worker, the function travels pickled and the worker
+        unpickles it once they finished (``preloads`` is how many), so that unpickling never
+        races an import. For code that calls worker methods itself; :meth:`execute` does it.
+        """
+        n = self._preloads.get(self.workers[index]._actor_id, 0)
+        if not n:
+            return code, 0
+        if pickled is None:
+            import ray.cloudpickle as cloudpickle
+
+            pickled = cloudpickle.dumps(code)
+        return pickled, n
+
     def execute_async(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> List[ray.ObjectRef]:
         """Run ``fn(*args, **kwargs)`` on every worker; object refs in rank order."""
         self._check_running()
-        return [w._sgd_execute.remote(fn, args, kwargs) for w in self.workers]
+        refs, pickled = [], None
+        for i, w in enumerate(self.workers):
+            code, n = self.user_code_for(i, fn, pickled)
+            if n:
+                pickled = code
+            refs.append(w._sgd_execute.remote(code, args, kwargs, n))
+        return refs
 
     def execute(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> List[Any]:
         """Run ``fn(*args, **kwargs)`` on every worker; results in rank order."""
@@ -333,7 +483,8 @@ class WorkerGroup:
         self._check_running()
         if not 0 <= index < len(self.workers):
             raise IndexError(f"worker index {index} out of range for {len(self.workers)} workers")
-        return self.workers[index]._sgd_execute.remote(fn, args, kwargs)
+        code, n = self.user_code_for(index, fn)
+        return self.workers[index]._sgd_execute.remote(code, args, kwargs, n)
 
     def execute_single(self, index: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run ``fn(*args, **kwargs)`` on worker ``index`` and return its result."""
@@ -342,12 +493,15 @@ class WorkerGroup:
     def preload(self, modules: Tuple[str, ...]) -> None:
         """Start importing ``modules`` on every worker in the background and return at once.
 
-        Code that needs them later waits on Python's import lock until they are in; an
-        import error is left for that code to report.
+        The driver and the workers' control calls (placement, ranks) go on meanwhile; a
+        function sent later with :meth:`execute` (or a training function) is unpickled on each
+        worker only once the preloads sent before it finished, so that unpickling it never races
+        the import (which can leave a package half-imported). An import error is left for the
+        code that needs the module to report.
         """
         self._check_running()
         for w in self.workers:
-            w._sgd_preload.remote(tuple(modules))
+            self._send_preload(w, tuple(modules))
 
     def __len__(self) -> int:
         return len(self.workers)

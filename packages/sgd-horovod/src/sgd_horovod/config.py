@@ -196,6 +196,7 @@ class _HorovodBackend(Backend):
     encode_checkpoint = TorchBackend.encode_checkpoint
     decode_checkpoint = staticmethod(TorchBackend.decode_checkpoint)
     preload_modules = ("horovod.torch",)
+    share_cuda_visible_devices = True  # done by sgd-core before on_start
 
     def __init__(self) -> None:
         #: The group's rendezvous server while it is set up, else ``None``.
@@ -227,8 +228,6 @@ class _HorovodBackend(Backend):
         try:
             envs = horovod_env(plan, infos, backend_config, ray.util.get_node_ip_address(), port)
             ray.get([worker_group.execute_single_async(i, _set_env, env) for i, env in enumerate(envs)])
-            if worker_group.num_gpus_per_worker > 0:
-                TorchBackend.share_cuda_devices(worker_group)
         except BaseException:
             self._stop_service()
             raise

@@ -8,6 +8,7 @@ from sgd_loggers.console import PrintCallback, ProgressCallback
 from sgd_loggers.csv_logger import CSVLoggerCallback
 from sgd_loggers.json_logger import JsonLoggerCallback
 from sgd_loggers.mlflow_logger import MLflowLoggerCallback
+from sgd_loggers.profiler import TorchTensorboardProfilerCallback
 from sgd_loggers.tbx import TBXLoggerCallback
 from sgd_loggers.wandb_logger import WandbLoggerCallback
 
@@ -20,5 +21,6 @@ __all__ = [
     "PrintCallback",
     "ProgressCallback",
     "TBXLoggerCallback",
+    "TorchTensorboardProfilerCallback",
     "WandbLoggerCallback",
 ]

@@ -63,6 +63,11 @@ class CSVLoggerCallback(TrainingCallback):
         self._file: Any = None
         self.path: Optional[Path] = None
 
+    @property
+    def log_path(self) -> Optional[Path]:
+        """Ray Train 1.x's name for :attr:`path`: the CSV file of the latest run."""
+        return self.path
+
     def start_training(self, logdir: str, config: Dict[str, Any], **info: Any) -> None:
         self.finish_training()
         directory = resolve_dir(self._logdir, logdir)

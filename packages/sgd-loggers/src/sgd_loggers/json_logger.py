@@ -34,6 +34,8 @@ class JsonLoggerCallback(TrainingCallback):
         path is taken relative to the run directory.
     :param filename: the file's name.
     :param workers_to_log: a rank, a list of ranks, or ``None`` for every worker.
+
+    :ivar path: the file of the latest run (``None`` before the first run).
     """
 
     def __init__(
@@ -91,6 +93,11 @@ class JsonLoggerCallback(TrainingCallback):
         self._write_at(self._end, chunk + _CLOSE)
         self._end += len(chunk)
         self._rounds += 1
+
+    @property
+    def log_path(self) -> Optional[Path]:
+        """Ray Train 1.x's name for :attr:`path`: the JSON file of the latest run."""
+        return self.path
 
     def finish_training(self, error: bool = False, **info: Any) -> None:
         if self._file is not None:

@@ -10,10 +10,10 @@ import shutil
 import sqlite3
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Union
 
 from sgd import TrainingCallback
-from sgd_loggers._util import check_worker, clean, require, scalar, select, step_of
+from sgd_loggers._util import check_worker, clean, require, resolve_dir, scalar, select, step_of
 
 logger = logging.getLogger("sgd.loggers")
 
@@ -120,6 +120,9 @@ class MLflowLoggerCallback(TrainingCallback):
     :param save_artifact: at the end, upload the run directory's ``checkpoints/`` folder as
         the run's ``checkpoints`` artifact.
     :param worker_to_log: the rank whose results are logged.
+    :param logdir: where the local SQLite store goes when no tracking URI is set (Ray Train
+        1.x's ``logdir``): ``None`` means the run directory, a relative path is taken relative
+        to the run directory. Ignored when a tracking URI is given.
     """
 
     def __init__(
@@ -129,8 +132,12 @@ class MLflowLoggerCallback(TrainingCallback):
         tags: Optional[Dict[str, Any]] = None,
         save_artifact: bool = False,
         worker_to_log: int = 0,
+        logdir: Optional[Union[str, os.PathLike]] = None,
     ):
         require("mlflow", type(self).__name__, "mlflow")
+        if logdir is not None and not isinstance(logdir, (str, os.PathLike)):
+            raise TypeError(f"MLflowLoggerCallback(logdir=...) takes a path, got {type(logdir).__name__}")
+        self._logdir = logdir
         self._tracking_uri = tracking_uri
         self._experiment_name = experiment_name
         self._tags = dict(tags or {})
@@ -151,7 +158,8 @@ class MLflowLoggerCallback(TrainingCallback):
         self.finish_training(error=True)  # a run left open by a run that never finished
         self._run_dir = Path(logdir)
         local = not (self._tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"))
-        uri = local_tracking_uri(self._run_dir) if local else (self._tracking_uri or os.environ["MLFLOW_TRACKING_URI"])
+        store_dir = resolve_dir(self._logdir, logdir)
+        uri = local_tracking_uri(store_dir) if local else (self._tracking_uri or os.environ["MLFLOW_TRACKING_URI"])
         client = MlflowClient(tracking_uri=uri)
         name = self._experiment_name or os.environ.get("MLFLOW_EXPERIMENT_NAME") or "Default"
         experiment_id = self._experiment_id(client, name, local)
@@ -173,7 +181,8 @@ class MLflowLoggerCallback(TrainingCallback):
         # In the local store, keep artifacts beside the database (MLflow would use ./mlruns).
         location = None
         if local and self._run_dir is not None:
-            location = str(self._run_dir.resolve() / LOCAL_ARTIFACTS / re.sub(r"[^\w.-]", "_", name))
+            store_dir = resolve_dir(self._logdir, str(self._run_dir)).resolve()
+            location = str(store_dir / LOCAL_ARTIFACTS / re.sub(r"[^\w.-]", "_", name))
         try:
             return client.create_experiment(name, artifact_location=location)
         except MlflowException:  # created by someone else meanwhile

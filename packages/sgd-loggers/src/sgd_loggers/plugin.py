@@ -13,6 +13,7 @@ from sgd_loggers import (
     PrintCallback,
     ProgressCallback,
     TBXLoggerCallback,
+    TorchTensorboardProfilerCallback,
     WandbLoggerCallback,
 )
 from sgd_loggers.plot import add_plot_command
@@ -26,6 +27,7 @@ def sgd_callbacks():
         TBXLoggerCallback,
         MLflowLoggerCallback,
         WandbLoggerCallback,
+        TorchTensorboardProfilerCallback,
         PrintCallback,
         ProgressCallback,
     ]

@@ -3,7 +3,8 @@
 - ``ray_cluster``: one local Ray cluster per test session (4 logical CPUs),
   restarted only if a test shut it down (the multi-node fixture does).
 - ``two_node_cluster``: its own two-node ``ray.cluster_utils.Cluster``, since a
-  driver can be connected to one cluster at a time.
+  driver can be connected to one cluster at a time; ``two_node_gpu_cluster``: the same with
+  2 logical GPUs per node.
 - ``results_dir``: ``SGD_RESULTS_DIR`` pointed at a temporary folder.
 - Test modules are pickled by value, so training functions defined in a test
   file run on workers that cannot import the test file by name.
@@ -70,13 +71,25 @@ def base_trainer() -> Iterator[Any]:
 @pytest.fixture
 def two_node_cluster() -> Iterator[Any]:
     """A fresh two-node local cluster (2 CPUs per node); the shared cluster is shut down first."""
+    yield from _two_nodes(num_gpus=0)
+
+
+@pytest.fixture
+def two_node_gpu_cluster() -> Iterator[Any]:
+    """Like ``two_node_cluster``, each node also declaring 2 logical GPUs (Ray hands out GPU
+    ids and sets ``CUDA_VISIBLE_DEVICES`` for them on any machine; there is no real device)."""
+    yield from _two_nodes(num_gpus=2)
+
+
+def _two_nodes(num_gpus: int) -> Iterator[Any]:
     import ray
     from ray.cluster_utils import Cluster
 
     if ray.is_initialized():
         ray.shutdown()
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
-    cluster.add_node(num_cpus=2)
+    cluster = Cluster(initialize_head=True,
+                      head_node_args={"num_cpus": 2, "num_gpus": num_gpus, "include_dashboard": False})
+    cluster.add_node(num_cpus=2, num_gpus=num_gpus)
     cluster.wait_for_nodes()
     ray.init(address=cluster.address)
     try:

@@ -6,6 +6,7 @@
 from typing import Any
 
 from sgd_torch.config import TorchBackend, TorchConfig
+from sgd_torch.profiler import TorchWorkerProfiler
 from sgd_torch.trainer import TorchTrainer
 
 _LAZY = {
@@ -20,7 +21,7 @@ _LAZY = {
 }
 
 __version__ = "0.1.0"
-__all__ = ["TorchBackend", "TorchConfig", "TorchTrainer", *sorted(_LAZY)]
+__all__ = ["TorchBackend", "TorchConfig", "TorchTrainer", "TorchWorkerProfiler", *sorted(_LAZY)]
 
 
 def __getattr__(name: str) -> Any:

@@ -11,11 +11,11 @@ import os
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, Optional
 
 import ray
 
-from sgd.backend import Backend, BackendConfig, free_address
+from sgd.backend import Backend, BackendConfig, free_address, share_cuda_visible_devices
 
 if TYPE_CHECKING:
     from sgd.worker_group import WorkerGroup
@@ -111,13 +111,13 @@ class TorchBackend(Backend):
 
     checkpoint_codec = "torch"
     preload_modules = ("torch.distributed",)
+    #: GPUs of one node are shared by its workers (sgd-core does it before ``on_start``).
+    share_cuda_visible_devices = True
 
     def on_start(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
         assert isinstance(backend_config, TorchConfig)
         use_gpu = worker_group.num_gpus_per_worker > 0
         backend = backend_config.backend or ("nccl" if use_gpu else "gloo")
-        if use_gpu:
-            self.share_cuda_devices(worker_group)
         addr, port = worker_group.execute_single(0, free_address)
         if backend_config.init_method == "env":
             init_method = "env://"
@@ -151,17 +151,9 @@ class TorchBackend(Backend):
 
     @staticmethod
     def share_cuda_devices(worker_group: WorkerGroup) -> None:
-        """Let workers on one node see each other's GPUs (needed by NCCL peer-to-peer);
-        each still picks its own device through :func:`sgd_torch.get_device`."""
-        per_node: Dict[str, List[str]] = {}
-        for meta in worker_group.metadata:
-            per_node.setdefault(meta.node_id, []).extend(meta.gpu_ids)
-        refs = []
-        for rank, meta in enumerate(worker_group.metadata):
-            ids = sorted(set(per_node[meta.node_id]), key=lambda g: (len(g), g))
-            env = {"CUDA_VISIBLE_DEVICES": ",".join(ids), "SGD_OWN_GPU_IDS": ",".join(meta.gpu_ids)}
-            refs.append(worker_group.execute_single_async(rank, _set_env, env))
-        ray.get(refs)
+        """Kept for callers of earlier versions: :func:`sgd.backend.share_cuda_visible_devices`,
+        which sgd-core now runs for every backend with ``share_cuda_visible_devices = True``."""
+        share_cuda_visible_devices(worker_group)
 
     def on_training_start(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
         assert isinstance(backend_config, TorchConfig)

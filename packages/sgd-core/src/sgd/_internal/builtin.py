@@ -20,9 +20,13 @@ def sgd_backends():
 
 # ``backend`` is the group's one Backend object (made when the group starts, kept until it
 # shuts down). The backend's own setup runs first, so that other plugins' setup sees a ready
-# group; its teardown runs last.
+# group; its teardown runs last. GPU sharing (Backend.share_cuda_visible_devices) comes first.
 @hookimpl(tryfirst=True)
 def sgd_backend_setup(worker_group, backend_config, backend):
+    if getattr(backend, "share_cuda_visible_devices", False):
+        from sgd.backend import share_cuda_visible_devices
+
+        share_cuda_visible_devices(worker_group)
     backend.on_start(worker_group, backend_config)
 
 

@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from sgd._internal.backend_executor import BackendExecutor
 from sgd._internal.checkpoint_manager import CheckpointManager
-from sgd._internal.protocol import DirectCheckpoint, DirectWrite, Round
+from sgd._internal.protocol import DirectCheckpoint, DirectWrite, Round, detailed_metrics_enabled, strip_detailed
 from sgd._internal.rounds import RoundCollector
 from sgd._internal.run_dir import RunDirectory
 from sgd.callbacks import TrainingCallback
@@ -247,6 +247,8 @@ class ActiveRun:
             first = next(i for i, c in enumerate(round_.checkpoints) if c is not None)
             manager.register_reported(round_.checkpoints, results[first], iteration,
                                       decode=self._executor.decode_checkpoint)
+        if not detailed_metrics_enabled():  # persisted above in full; handed on only when asked for
+            strip_detailed(results)
         self._hook.sgd_handle_result(results=results, run_info=self._spec.run_info)
         for cb in self._spec.callbacks:
             cb.handle_result(results)

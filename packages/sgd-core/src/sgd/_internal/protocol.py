@@ -16,6 +16,7 @@ Item kinds:
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -24,6 +25,27 @@ CHECKPOINT = "checkpoint"
 
 #: Key of a report dict that carries the checkpoint passed with it; removed by :func:`decode_round`.
 CHECKPOINT_KEY = "_sgd_checkpoint"
+
+#: Autofilled keys every report carries on the wire and in ``results.jsonl``; the driver hands
+#: them to callbacks and iterators only while :func:`detailed_metrics_enabled` is true.
+DETAILED_AUTOFILLED_KEYS = ("_date", "_time_total_s", "_pid", "_hostname", "_node_ip")
+
+#: The switch, under sgd's name and Ray Train 1.x's.
+DETAILED_SWITCHES = ("SGD_RESULT_ENABLE_DETAILED_AUTOFILLED_METRICS", "TRAIN_RESULT_ENABLE_DETAILED_AUTOFILLED_METRICS")
+
+
+def detailed_metrics_enabled() -> bool:
+    """Whether the driver's environment asks for the detailed autofilled metrics, now (read at
+    every round, so setting it after ``trainer.start()`` works, as in Ray Train)."""
+    return any(os.environ.get(name) == "1" for name in DETAILED_SWITCHES)
+
+
+def strip_detailed(results: List[Dict[str, Any]]) -> None:
+    """Remove :data:`DETAILED_AUTOFILLED_KEYS` from each result, in place."""
+    for result in results:
+        if isinstance(result, dict):
+            for key in DETAILED_AUTOFILLED_KEYS:
+                result.pop(key, None)
 
 
 @dataclass

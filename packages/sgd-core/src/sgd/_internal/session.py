@@ -135,7 +135,6 @@ class Session:
         self._iteration = start_iteration
         self._start_time = time.time()
         self._last_report_time = self._start_time
-        self._detailed = os.environ.get("SGD_RESULT_ENABLE_DETAILED_AUTOFILLED_METRICS", "0") == "1"
         self._thread = threading.Thread(target=self._run, name="sgd-train", daemon=True)
 
     # --- training thread -----------------------------------------------------
@@ -192,12 +191,13 @@ class Session:
         out["_timestamp"] = int(now)
         out["_time_this_iter_s"] = now - self._last_report_time
         out["_training_iteration"] = self._iteration
-        if self._detailed:
-            out["_date"] = time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(now))
-            out["_time_total_s"] = now - self._start_time
-            out["_pid"] = os.getpid()
-            out["_hostname"] = socket.gethostname()
-            out["_node_ip"] = _node_ip()
+        # Always sent: whether the driver hands them on is decided there, per round
+        # (sgd._internal.protocol.detailed_metrics_enabled), so the switch works when set late.
+        out["_date"] = time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(now))
+        out["_time_total_s"] = now - self._start_time
+        out["_pid"] = os.getpid()
+        out["_hostname"] = _HOSTNAME
+        out["_node_ip"] = _node_ip()
         self._last_report_time = now
         return out
 
@@ -360,6 +360,7 @@ def read_files(directory: str) -> Dict[str, bytes]:
 
 
 _node_ip_cache: Optional[str] = None
+_HOSTNAME = socket.gethostname()
 
 
 def _node_ip() -> str:
