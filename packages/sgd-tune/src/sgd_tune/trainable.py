@@ -5,6 +5,12 @@ result and ``cleanup()`` when it stops a trial (ASHA, ``max_failures`` retries, 
 the experiment), so the trial's workers are shut down synchronously in the trial actor
 instead of in a daemon thread that Tune may abandon.
 
+Actor reuse (``TuneConfig(reuse_actors=True)``): the started sgd trainer lives as long as the
+actor, not the trial. A finished trial leaves its workers up; ``reset_config`` ends a run still
+going as ``STOPPED`` (the trial was stopped or paused by a scheduler), clears everything of the
+trial, and the next ``step()`` starts the new trial's run on the same workers. ``cleanup()``
+(Tune is done with the actor) stops a run still going, then shuts the workers down.
+
 How a round becomes a result: each ``step()`` hands Tune rank 0's dict of one report
 round. A checkpoint belongs to the report that *precedes* it (the documented pattern is
 ``sgd.report(...)`` then ``sgd.save_checkpoint(...)``), which the driver only knows once the
