@@ -110,8 +110,9 @@ def demo(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
-    """Benchmarks: core overhead, checkpoints and recovery, Ray Data, and sgd side by side with Ray
-    Train and torchrun (compare.md/.png); JSON and markdown tables in benchmarks/results/.
+    """Benchmarks: core overhead, checkpoints and recovery, Ray Data, sgd side by side with Ray
+    Train and torchrun (compare.md/.png), and a Tune grid with and without actor reuse (tune.md);
+    JSON and markdown tables in benchmarks/results/.
     ``nox -s bench -- --quick`` runs fewer repetitions."""
     _install(session)
     env = {"PYTHONUNBUFFERED": "1"}
@@ -122,6 +123,8 @@ def bench(session: nox.Session) -> None:
     session.install(*CONSTRAINTS, "ray[data,train]", "matplotlib")
     session.run("python", "benchmarks/bench_data.py", *session.posargs, env=env)
     session.run("python", "benchmarks/bench_compare.py", *session.posargs, env=env)
+    # an 8-trial Tune grid: sgd with and without actor reuse, and Ray Train (ray[tune] comes with ray[train])
+    session.run("python", "benchmarks/bench_tune.py", *session.posargs, env=env)
 
 
 @nox.session(python=PYTHON, venv_backend="none")

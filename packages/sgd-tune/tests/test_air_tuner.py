@@ -64,3 +64,40 @@ def test_as_trainable_carries_the_trial_resources():
     assert pgf.bundles == [{"CPU": 1}] + [{"CPU": 2}] * 3
     assert trainer._resources.bundles == pgf.bundles
 
+
+
+def counting_loop(config):
+    import os
+
+    ckpt = sgd.get_checkpoint()
+    epoch = 0
+    while config["epochs"] is None or epoch < config["epochs"]:  # None: until Tune stops it
+        sgd.report({"epoch": epoch, "pid": os.getpid(), "had_checkpoint": ckpt is not None,
+                    "run_dir": sgd.get_context().get_trial_dir()},
+                   checkpoint=sgd.Checkpoint.from_dict({"epoch": epoch}) if sgd.world_rank() == 0 else None)
+        epoch += 1
+
+
+def test_tuner_reuses_the_workers_of_an_air_trainer(ray_cluster, storage_path):
+    import json
+
+    trainer = DataParallelTrainer(counting_loop, train_loop_config={"epochs": None, "lr": 0.0},
+                                  scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}))
+    grid = tune.Tuner(
+        trainer,
+        param_space={"train_loop_config": {"lr": tune.grid_search([0.1, 0.2, 0.3])}},
+        tune_config=tune.TuneConfig(reuse_actors=True, max_concurrent_trials=1),
+        # Tune stops every trial after 2 results (as a scheduler would).
+        run_config=tune.RunConfig(storage_path=storage_path, verbose=0, stop={"training_iteration": 2}),
+    ).fit()
+    assert not grid.errors and len(grid) == 3
+    frames = [r.metrics_dataframe for r in grid]
+    assert len({pid for f in frames for pid in f["pid"]}) == 1  # every trial on the same workers
+    run_dirs = set()
+    for f in frames:
+        assert list(f["epoch"]) == [0, 1] and not any(f["had_checkpoint"])  # no checkpoint leaked in
+        run_dir = Path(f["run_dir"].iloc[-1])
+        run_dirs.add(run_dir)
+        # Stopped by Tune mid-run: the sgd run says so.
+        assert json.loads((run_dir / "status.json").read_text())["status"] == "STOPPED"
+    assert len(run_dirs) == 3

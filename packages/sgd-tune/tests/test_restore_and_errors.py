@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import pytest
 import ray
@@ -44,7 +46,7 @@ def test_retried_trial_resumes_from_its_checkpoint(ray_cluster, storage_path, tm
 
 
 def raises_value_error(config):
-    sgd.report(step=0)
+    sgd.report(step=0, run_dir=sgd.get_context().get_trial_dir())
     raise ValueError(f"bad input {config['x']}")
 
 
@@ -57,6 +59,8 @@ def test_user_error_fails_the_trial(ray_cluster, storage_path):
     assert result.error is not None
     assert "ValueError" in str(result.error) and "bad input 42" in str(result.error)
     assert result.metrics["step"] == 0  # the report before the error still reached Tune
+    status = json.loads((Path(result.metrics["run_dir"]) / "status.json").read_text())["status"]
+    assert status == "ERRORED"
 
     with pytest.raises(TuneError):
         tune.run(trainable, config={"x": 1}, storage_path=storage_path, name="error_run", verbose=0)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import ray
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler
@@ -37,7 +40,7 @@ def train_regression(config):
             optimizer.step()
         ctx = sgd.get_context()
         sgd.report(epoch=epoch, loss=loss.item(), sgd_trial_id=ctx.get_trial_id(),
-                   sgd_experiment=ctx.get_experiment_name())
+                   sgd_experiment=ctx.get_experiment_name(), sgd_run_dir=ctx.get_trial_dir())
         sgd.save_checkpoint(epoch=epoch + 1, model=getattr(model, "module", model).state_dict())
 
 
@@ -72,6 +75,11 @@ def test_asha_search_over_lr(ray_cluster, storage_path):
     assert state["epoch"] == EPOCHS and set(state["model"]) == {"weight", "bias"}
     for checkpoint, metrics in best.best_checkpoints:
         assert sgd.Trainer.load_checkpoint_from_path(checkpoint.path)["epoch"] == metrics["epoch"] + 1
+
+    # A trial ASHA stopped ends its sgd run as STOPPED; one that ran to the end, FINISHED.
+    for r in results:
+        status = json.loads((Path(r.metrics["sgd_run_dir"]) / "status.json").read_text())["status"]
+        assert status == ("FINISHED" if r.metrics["training_iteration"] == EPOCHS else "STOPPED"), r.metrics
 
     # The stopped trials' workers (and every trial's placement group) are gone.
     wait_for(lambda: ray.available_resources().get("CPU") == ray_cluster["CPU"], timeout=30,

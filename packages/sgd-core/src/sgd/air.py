@@ -451,6 +451,12 @@ class DataParallelTrainer:
         # What Ray Tune reads off a function trainable to reserve resources for a trial.
         return getattr(self.as_trainable(), "_resources", None)
 
+    @property
+    def __mixins__(self) -> tuple:
+        """Classes Ray Tune mixes into the trainable it makes of this trainer (sgd-tune's keeps
+        the workers between trials when Tune reuses the actor, and shuts them down after)."""
+        return tuple(getattr(self.as_trainable(), "__mixins__", ()))
+
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(backend={self.backend_config.name!r}, "
                 f"scaling_config={self.scaling_config!r})")

@@ -421,6 +421,21 @@ class TrainingIterator:
     def is_finished(self) -> bool:
         return self._run.finished
 
+    def stop(self, patience_s: float = 5.0) -> None:
+        """End the run early, on purpose, and keep the workers for the next run.
+
+        The run directory's status becomes ``STOPPED`` (``sgd runs ls`` shows it); rounds not
+        yet taken are dropped and callbacks get ``finish_training(error=False)``. Each worker's
+        training function ends at its next ``sgd.report`` / ``sgd.save_checkpoint`` (which
+        raises a ``BaseException`` there, so ``except Exception`` does not catch it); workers
+        that do not get there within ``patience_s`` seconds are killed and replaced before
+        the next run. Does nothing on a finished run. sgd-tune calls it when Tune stops a
+        trial (ASHA, PBT, a stopper).
+        """
+        if patience_s < 0:
+            raise ValueError(f"patience_s must be >= 0 seconds, got {patience_s!r}")
+        self._run.stop(patience_s)
+
     def get_final_results(self, force: bool = False) -> Optional[List[Any]]:
         """The return values in rank order; ``None`` while running unless ``force``,
         which drains (and hands to callbacks) the remaining rounds first."""

@@ -11,7 +11,7 @@ import os
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 
 import ray
 
@@ -89,6 +89,29 @@ def _init_process_group(backend: str, init_method: str, rank: int, world_size: i
     )
 
 
+#: torch's global switches as this worker process had them before its first run.
+_FRESH_STATE: Optional[Tuple[Any, bool, bool]] = None
+
+
+def _reset_run_state() -> None:
+    """Give every run on this worker what a fresh process would give it: torch's default
+    CPU random generator state (so unseeded model initialisation is the same as on new
+    workers), deterministic algorithms and cudnn.benchmark as they were. The first run on a
+    process records them; later runs (a re-run, the next Tune trial on reused workers)
+    restore them."""
+    global _FRESH_STATE
+    import torch
+
+    if _FRESH_STATE is None:
+        _FRESH_STATE = (torch.get_rng_state(), torch.are_deterministic_algorithms_enabled(),
+                        bool(torch.backends.cudnn.benchmark))
+        return
+    rng, deterministic, benchmark = _FRESH_STATE
+    torch.set_rng_state(rng)
+    torch.use_deterministic_algorithms(deterministic)
+    torch.backends.cudnn.benchmark = benchmark
+
+
 def _destroy_process_group() -> None:
     if "torch" not in sys.modules:
         return
@@ -157,6 +180,9 @@ class TorchBackend(Backend):
 
     def on_training_start(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
         assert isinstance(backend_config, TorchConfig)
+        # Nothing of the previous run on these workers reaches this one (see _reset_run_state;
+        # sgd_torch.accelerate's switch is per run already).
+        worker_group.execute(_reset_run_state)
         if not backend_config.init_process_group:
             # The previous run's code may have left its own group: the next run's
             # init_process_group would fail with "already initialized".

@@ -5,6 +5,12 @@ result and ``cleanup()`` when it stops a trial (ASHA, ``max_failures`` retries, 
 the experiment), so the trial's workers are shut down synchronously in the trial actor
 instead of in a daemon thread that Tune may abandon.
 
+Actor reuse (``TuneConfig(reuse_actors=True)``): the started sgd trainer lives as long as the
+actor, not the trial. A finished trial leaves its workers up; ``reset_config`` ends a run still
+going as ``STOPPED`` (the trial was stopped or paused by a scheduler), clears everything of the
+trial, and the next ``step()`` starts the new trial's run on the same workers. ``cleanup()``
+(Tune is done with the actor) stops a run still going, then shuts the workers down.
+
 How a round becomes a result: each ``step()`` hands Tune rank 0's dict of one report
 round. A checkpoint belongs to the report that *precedes* it (the documented pattern is
 ``sgd.report(...)`` then ``sgd.save_checkpoint(...)``), which the driver only knows once the
@@ -76,11 +82,18 @@ class SgdTrainable(tune.Trainable):
     # --- Tune's lifecycle --------------------------------------------------------------
 
     def setup(self, config: Dict[str, Any]) -> None:
+        # The sgd trainer (and its started workers) outlives a trial when Tune reuses this
+        # actor (``reuse_actors=True``): reset_config() keeps it, cleanup() shuts it down.
         self._trainer: Optional[sgd.Trainer] = None
+        self._reset_trial_state()
+
+    def _reset_trial_state(self) -> None:
+        """Everything that belongs to one trial (and must not reach the next on this actor)."""
         self._iterator: Any = None
         self._pending: Optional[Dict[str, Any]] = None  # rank 0's last round, not yet given to Tune
         self._pending_checkpoint = False  # a checkpoint arrived before the first report
         self._newest_seen: Optional[Path] = None
+        self._checkpoint_dir: Optional[Path] = None  # this trial's sgd run's checkpoints
         self._restored_state: Optional[dict] = None
         self._restored_dir: Optional[Path] = None
         self._error: Optional[BaseException] = None  # raised by the step after the last result
@@ -116,8 +129,9 @@ class SgdTrainable(tune.Trainable):
 
     def load_checkpoint(self, checkpoint: Any) -> None:
         if self._iterator is not None:  # restored into a running trial: start the run over
-            self._stop_trainer()
+            self._stop_run()
             self._iterator, self._pending, self._pending_checkpoint = None, None, False
+            self._newest_seen = self._checkpoint_dir = None
         path = Path(checkpoint) if isinstance(checkpoint, (str, Path)) else None
         if path is None or not (path / METADATA_FILE).exists():
             logger.warning("trial %s: Tune checkpoint %s holds no sgd checkpoint; starting from scratch",
@@ -131,26 +145,54 @@ class SgdTrainable(tune.Trainable):
         self._restored_dir = own
         self._restored_state = sgd.Trainer.load_checkpoint_from_path(own)
 
+    def reset_config(self, new_config: Dict[str, Any]) -> bool:
+        """Take the next trial on this actor (``reuse_actors=True``), keeping the workers.
+
+        A run still going (the previous trial was stopped by a scheduler, or paused by PBT)
+        ends as ``STOPPED``; the next ``step()`` starts a fresh run (new run directory under
+        the new trial's directory, new config, no checkpoint unless Tune restores one) on the
+        same worker processes. Always returns True: Tune treats False as a failed trial that
+        it never reports to its search algorithm, which stalls a search with
+        ``max_concurrent_trials`` (the reuse hang of issue 22). If the workers cannot be kept,
+        they are shut down and the next trial starts new ones.
+        """
+        try:
+            self._stop_run()
+        except Exception:
+            logger.exception("trial %s: stopping the previous trial's run failed; starting new workers",
+                             self.trial_id)
+            self._stop_trainer()
+        self._reset_trial_state()
+        return True
+
     def cleanup(self) -> None:
-        self._stop_trainer()
+        try:
+            self._stop_run()
+        finally:
+            self._stop_trainer()
 
     # --- sgd side ------------------------------------------------------------------------
 
     def _begin(self) -> None:
-        logdir = Path(self.logdir) / "sgd"
-        trainer = sgd.Trainer(**self._sgd_trainer_kwargs, logdir=logdir)
+        logdir = (Path(self.logdir) / "sgd").resolve()
+        trainer = self._trainer
+        if trainer is None:
+            trainer = sgd.Trainer(**self._sgd_trainer_kwargs, logdir=logdir)
+            trainer.start()
+            self._trainer = trainer
+        else:  # a reused actor: the same workers, this trial's directory
+            trainer.logdir = logdir
         info = getattr(self, "_trial_info", None)  # Tune's record of the trial; None outside Tune
         trainer.trial_info = {"name": self.trial_name, "id": self.trial_id,
                               "experiment": getattr(info, "experiment_name", None) or Path(self.logdir).parent.name}
-        self._trainer = trainer
         train_func = type(self)._sgd_train_func
         if train_func is None:
             raise TypeError(f"{type(self).__name__} has no training function; build it with sgd_tune.make_trainable")
-        trainer.start()
         self._iterator = trainer.run_iterator(
             train_func, config=self.config, dataset=self._sgd_dataset,
             checkpoint=self._restored_state,
         )
+        self._checkpoint_dir = trainer.latest_checkpoint_dir
         self._newest_seen = None
 
     def _next_result(self) -> Dict[str, Any]:
@@ -158,7 +200,8 @@ class SgdTrainable(tune.Trainable):
             try:
                 results = next(self._iterator)
             except StopIteration:
-                self._stop_trainer()
+                # The workers stay up: a reused actor runs the next trial on them; cleanup()
+                # shuts them down otherwise.
                 new = self._saw_new_checkpoint()
                 if self._pending is None:
                     return {DONE: True, SHOULD_CHECKPOINT: new}
@@ -176,7 +219,7 @@ class SgdTrainable(tune.Trainable):
             return result
 
     def _newest_checkpoint(self) -> Optional[Path]:
-        return newest_checkpoint(self._trainer.latest_checkpoint_dir if self._trainer is not None else None)
+        return newest_checkpoint(self._checkpoint_dir)
 
     def _saw_new_checkpoint(self) -> bool:
         newest = self._newest_checkpoint()
@@ -185,8 +228,14 @@ class SgdTrainable(tune.Trainable):
         self._newest_seen = newest
         return True
 
+    def _stop_run(self) -> None:
+        """End a run still going (Tune stopped or paused the trial) as ``STOPPED``."""
+        iterator = self._iterator
+        if iterator is not None and not iterator.is_finished():
+            iterator.stop()
+
     def _stop_trainer(self) -> None:
-        trainer = self._trainer
+        trainer, self._trainer = self._trainer, None
         if trainer is not None:
             try:
                 trainer.shutdown()

@@ -253,6 +253,36 @@ class BackendExecutor:
         # join; only killing the processes stops it. Fresh actors start lazily.
         self.worker_group.stop_actors(patience_s=0)
 
+    def stop_training(self, patience_s: float) -> bool:
+        """Stop a running training function on every worker at its next report or checkpoint,
+        keeping the workers. Workers that do not stop within ``patience_s`` seconds (a long
+        step, a collective a stopped peer will not join) are killed; fresh ones start before
+        the next run.
+
+        :returns: whether the workers stopped by themselves (and are kept).
+        """
+        wg = self.worker_group
+        if wg is None:
+            return True
+        from ray.exceptions import GetTimeoutError, RayError
+
+        try:
+            ray.get([w._sgd_stop.remote() for w in wg.workers], timeout=patience_s)
+            watches = [w._sgd_watch.remote() for w in wg.workers]
+            ready, _ = ray.wait(watches, num_returns=len(watches), timeout=patience_s)
+            ray.get(ready)
+            stopped = len(ready) == len(watches)
+        except (GetTimeoutError, RayError):
+            stopped = False
+        if stopped:
+            self._dirty = False
+            return True
+        logger.warning("the training function did not stop within %.3gs; killing the workers "
+                       "(fresh ones start before the next run)", patience_s)
+        self._dirty = True
+        wg.stop_actors(patience_s=0)
+        return False
+
     def shutdown(self) -> None:
         if self.worker_group is not None:
             wg, self.worker_group = self.worker_group, None

@@ -256,6 +256,19 @@ class ActiveRun:
 
     # --- the end ----------------------------------------------------------------------------------
 
+    def stop(self, patience_s: float) -> None:
+        """End the run now as ``STOPPED``: the training functions stop at their next report or
+        checkpoint (workers that do not within ``patience_s`` are killed); the callbacks
+        finish without error. Rounds not yet delivered are dropped."""
+        if self.finished:
+            return
+        self.finished = True
+        self._spec.run_dir.close(False, stopped=True)
+        self._executor.stop_training(patience_s)
+        self._manager.remove_temporary()
+        for cb in self._spec.callbacks:
+            cb.finish_training(error=False)
+
     def finish(self, error: bool, exc: Optional[BaseException] = None) -> None:
         """End the run once: close the run directory, release or stop the workers, tell the callbacks."""
         if self.finished:

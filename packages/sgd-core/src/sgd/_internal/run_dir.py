@@ -4,7 +4,8 @@
 - ``results.jsonl``: one JSON line per delivered report round (a list of per-worker dicts),
   flushed as it arrives; values JSON cannot hold are written as strings;
 - ``checkpoints/checkpoint_NNNNNN/``: see :mod:`sgd._internal.checkpoint_manager`;
-- ``status.json``: ``RUNNING``, ``FINISHED``, ``ERRORED`` or ``INTERRUPTED`` (Ctrl-C in the driver).
+- ``status.json``: ``RUNNING``, ``FINISHED``, ``ERRORED``, ``INTERRUPTED`` (Ctrl-C in the driver)
+  or ``STOPPED`` (ended early on purpose: :meth:`sgd.TrainingIterator.stop`, a Tune scheduler).
 """
 
 from __future__ import annotations
@@ -59,11 +60,12 @@ class RunDirectory:
         (self.path / STATUS_FILE).write_text(json.dumps({"status": status, "time": time.time(),
                                                          "pid": os.getpid(), "host": socket.gethostname()}))
 
-    def close(self, error: bool, interrupted: bool = False) -> None:
+    def close(self, error: bool, interrupted: bool = False, stopped: bool = False) -> None:
         if self._results is not None:
             self._results.close()
             self._results = None
-        self._write_status("INTERRUPTED" if interrupted else "ERRORED" if error else "FINISHED")
+        self._write_status("INTERRUPTED" if interrupted else "ERRORED" if error
+                           else "STOPPED" if stopped else "FINISHED")
 
     # --- results ------------------------------------------------------------------
 

@@ -98,6 +98,12 @@ class _Item:
         self.sync = sync or kind == CHECKPOINT
 
 
+class RunStopped(BaseException):
+    """Raised in the training thread by its next ``sgd.report`` / ``sgd.save_checkpoint`` once
+    the driver stopped the run (:meth:`sgd.TrainingIterator.stop`). A ``BaseException`` so
+    that a training function's ``except Exception`` does not swallow it; the run ends cleanly."""
+
+
 class Session:
     """State of one training run inside one worker process."""
 
@@ -131,6 +137,7 @@ class Session:
         self._finished = False
         self._result: Any = None
         self._error: Optional[RemoteError] = None
+        self._stopping = False
 
         self._iteration = start_iteration
         self._start_time = time.time()
@@ -146,6 +153,8 @@ class Session:
         result, error = None, None
         try:
             result = self._encode(self._train_func())
+        except RunStopped:
+            result = None
         except SystemExit as exc:
             # As in a script: exit status 0 ends the function; any other ends the
             # process, which the driver treats as a worker failure (and retries).
@@ -201,10 +210,27 @@ class Session:
         self._last_report_time = now
         return out
 
+    def request_stop(self) -> None:
+        """Make the training thread's next (or current, blocked) report or checkpoint raise
+        :class:`RunStopped`. Called from the driver through the actor."""
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
+
+    def _wait(self) -> None:
+        """Wait on the condition (held by the caller); raise once the run is stopped."""
+        if self._stopping:
+            raise RunStopped()
+        self._cv.wait()
+        if self._stopping:
+            raise RunStopped()
+
     def _put(self, item: _Item) -> None:
         with self._cv:
+            if self._stopping:
+                raise RunStopped()
             while len(self._items) >= self._max_pending:
-                self._cv.wait()
+                self._wait()
             self._items.append(item)
             self._cv.notify_all()
 
@@ -220,7 +246,7 @@ class Session:
         self._put(item)
         with self._cv:
             while not item.acked:
-                self._cv.wait()
+                self._wait()
         self.latest_checkpoint_object = checkpoint
 
     def _checkpoint_payload(self, checkpoint: Any) -> Any:
@@ -272,7 +298,7 @@ class Session:
         self._put(item)
         with self._cv:
             while not item.acked:
-                self._cv.wait()
+                self._wait()
         self.loaded_checkpoint = state
         self.latest_checkpoint_object = None
 

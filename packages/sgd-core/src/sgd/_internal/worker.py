@@ -133,6 +133,12 @@ class WorkerMixin:
         session.start()
 
     @ray.method(concurrency_group=CONTROL_GROUP)
+    def _sgd_stop(self) -> None:
+        """Stop the current run at its next report or checkpoint (see ``Session.request_stop``)."""
+        if STATE.session is not None:
+            STATE.session.request_stop()
+
+    @ray.method(concurrency_group=CONTROL_GROUP)
     def _sgd_watch(self) -> None:
         """Return when the current run's thread ends; the driver holds this call open
         so that a dead process shows up at once as an error on it."""
