@@ -208,19 +208,13 @@ class BackendExecutor:
             self.hook.sgd_backend_training_start(**self._hook_kwargs())
         backend_cls = type(self.backend)  # the encoders run on the workers: no instance state travels
         shards = dataset_shards or [None] * len(wg)
-        # Everything that may import a framework when unpickled (the function, the backend's
-        # encoders, the checkpoint) travels pickled while a preload is pending on that worker,
-        # which unpickles it once the preload finished (issue 18).
-        user_code = (train_func, backend_cls.encode_data, backend_cls.encode_checkpoint, checkpoint)
-        refs, pickled = [], None
-        for rank, (w, shard) in enumerate(zip(wg.workers, shards)):
-            code, preloads = wg.user_code_for(rank, user_code, pickled)
-            if preloads:
-                pickled = code
-            refs.append(w._sgd_start_training.remote(
-                code, shard, self.max_pending, start_iteration, direct_write if rank == 0 else None, run_info,
-                preloads,
-            ))
+        refs = [
+            w._sgd_start_training.remote(
+                train_func, backend_cls.encode_data, checkpoint, shard, self.max_pending, start_iteration,
+                backend_cls.encode_checkpoint, direct_write if rank == 0 else None, run_info,
+            )
+            for rank, (w, shard) in enumerate(zip(wg.workers, shards))
+        ]
         # Until the run ends cleanly, assume it did not.
         self._dirty = True
         for rank, ref in enumerate(refs):
