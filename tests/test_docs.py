@@ -43,6 +43,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(\S*)\s*$")
 DIRECTIVE = re.compile(r"^<!-- docs-test: ([a-z-]+)(?::\s*(.*?))?\s*(-->)?$")
 KINDS = {"skip", "continue", "setup", "after", "file", "signature", "same-as", "requires"}
+MISSING_PREFIX = re.compile(r"^<!--\s*(%s)\b" % "|".join(sorted(KINDS)))
 
 
 @dataclass
@@ -71,6 +72,10 @@ def _directives(lines: List[str], fence: int, where: str) -> Dict[str, str]:
         match = DIRECTIVE.match(lines[i].rstrip())
         if match is None:
             assert not lines[i].startswith("<!-- docs-test"), f"{where}: malformed directive {lines[i]!r}"
+            # `<!-- skip: ... -->` without the prefix would silently run the block.
+            assert not MISSING_PREFIX.match(lines[i]), (
+                f"{where}: {lines[i]!r} is not a directive; write `<!-- docs-test: ...`"
+            )
             break
         kind, value, closed = match.groups()
         assert kind in KINDS, f"{where}: unknown docs-test directive {kind!r} (known: {sorted(KINDS)})"
