@@ -128,6 +128,8 @@ class WorkerGroup:
         self._slots: List[Tuple[PlacementGroup, int]] = []
         # The placement groups this group reserved itself (removed on shutdown).
         self._own_pgs: List[PlacementGroup] = []
+        # Preloads sent to each actor (by actor id): calls with user code wait for them there.
+        self._preloads: Dict[Any, int] = {}
         self.workers: List[Any] = []
         self.metadata: List[WorkerMetadata] = []
         self.contexts: List[WorkerContext] = []
@@ -246,7 +248,7 @@ class WorkerGroup:
         try:
             if self._preload_modules:  # overlaps the framework import with what follows
                 for a in actors:
-                    a._sgd_preload.remote(self._preload_modules)
+                    self._send_preload(a, self._preload_modules)
             timeout = self._placement_timeout_s or placement_timeout_s()
             refs = [a._sgd_metadata.remote() for a in actors]
             # Bounded: a reservation on a lost node may never be honoured.
@@ -317,6 +319,7 @@ class WorkerGroup:
         gone = set(indexes)
         for i in sorted(gone):
             ray.kill(self.workers[i], no_restart=True)
+            self._preloads.pop(self.workers[i]._actor_id, None)
         keep = [i for i in range(n) if i not in gone]
         self._slots = [self._slots[i] for i in keep]
         self._set_order([self.workers[i] for i in keep], [self.metadata[i] for i in keep])
@@ -397,6 +400,7 @@ class WorkerGroup:
             ray.wait(refs, num_returns=len(refs), timeout=patience_s)
         for w in workers:
             ray.kill(w, no_restart=True)
+            self._preloads.pop(w._actor_id, None)
         # metadata/contexts still describe the stopped actors (where they ran) until a restart.
 
     def restart_actors(self) -> None:
@@ -427,10 +431,36 @@ class WorkerGroup:
         if not self.workers:
             raise RuntimeError("this WorkerGroup is shut down; call start() first")
 
+    def _send_preload(self, actor: Any, modules: Tuple[str, ...]) -> None:
+        actor._sgd_preload.remote(tuple(modules))
+        self._preloads[actor._actor_id] = self._preloads.get(actor._actor_id, 0) + 1
+
+    def user_code_for(self, index: int, code: Any, pickled: Optional[bytes] = None) -> Tuple[Any, int]:
+        """How to send ``code`` (a function) to worker ``index``: ``(code or its pickle, preloads)``.
+
+        While preloads were sent to that worker, the function travels pickled and the worker
+        unpickles it once they finished (``preloads`` is how many), so that unpickling never
+        races an import. For code that calls worker methods itself; :meth:`execute` does it.
+        """
+        n = self._preloads.get(self.workers[index]._actor_id, 0)
+        if not n:
+            return code, 0
+        if pickled is None:
+            import ray.cloudpickle as cloudpickle
+
+            pickled = cloudpickle.dumps(code)
+        return pickled, n
+
     def execute_async(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> List[ray.ObjectRef]:
         """Run ``fn(*args, **kwargs)`` on every worker; object refs in rank order."""
         self._check_running()
-        return [w._sgd_execute.remote(fn, args, kwargs) for w in self.workers]
+        refs, pickled = [], None
+        for i, w in enumerate(self.workers):
+            code, n = self.user_code_for(i, fn, pickled)
+            if n:
+                pickled = code
+            refs.append(w._sgd_execute.remote(code, args, kwargs, n))
+        return refs
 
     def execute(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> List[Any]:
         """Run ``fn(*args, **kwargs)`` on every worker; results in rank order."""
@@ -453,7 +483,8 @@ class WorkerGroup:
         self._check_running()
         if not 0 <= index < len(self.workers):
             raise IndexError(f"worker index {index} out of range for {len(self.workers)} workers")
-        return self.workers[index]._sgd_execute.remote(fn, args, kwargs)
+        code, n = self.user_code_for(index, fn)
+        return self.workers[index]._sgd_execute.remote(code, args, kwargs, n)
 
     def execute_single(self, index: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run ``fn(*args, **kwargs)`` on worker ``index`` and return its result."""
@@ -462,12 +493,15 @@ class WorkerGroup:
     def preload(self, modules: Tuple[str, ...]) -> None:
         """Start importing ``modules`` on every worker in the background and return at once.
 
-        Code that needs them later waits on Python's import lock until they are in; an
-        import error is left for that code to report.
+        The driver and the workers' control calls (placement, ranks) go on meanwhile; a
+        function sent later with :meth:`execute` (or a training function) is unpickled on each
+        worker only once the preloads sent before it finished, so that unpickling it never races
+        the import (which can leave a package half-imported). An import error is left for the
+        code that needs the module to report.
         """
         self._check_running()
         for w in self.workers:
-            w._sgd_preload.remote(tuple(modules))
+            self._send_preload(w, tuple(modules))
 
     def __len__(self) -> int:
         return len(self.workers)

@@ -196,7 +196,8 @@ class BackendExecutor:
         """Start ``train_func`` on every worker (replacing the group first if its last run
         failed) and return the collector of its rounds.
 
-        :raises WorkerDiedError: a worker died before its training function started.
+        A worker that dies before its training function started shows up as a
+        :class:`~sgd.errors.WorkerDiedError` from the collector's first ``next_round``.
         """
         if self.worker_group is None:
             raise RuntimeError("the trainer is not started; call trainer.start() first")
@@ -208,21 +209,24 @@ class BackendExecutor:
             self.hook.sgd_backend_training_start(**self._hook_kwargs())
         backend_cls = type(self.backend)  # the encoders run on the workers: no instance state travels
         shards = dataset_shards or [None] * len(wg)
-        refs = [
-            w._sgd_start_training.remote(
-                train_func, backend_cls.encode_data, checkpoint, shard, self.max_pending, start_iteration,
-                backend_cls.encode_checkpoint, direct_write if rank == 0 else None, run_info,
-            )
-            for rank, (w, shard) in enumerate(zip(wg.workers, shards))
-        ]
+        # Everything that may import a framework when unpickled (the function, the backend's
+        # encoders, the checkpoint) travels pickled while a preload is pending on that worker,
+        # which unpickles it once the preload finished (issue 18).
+        user_code = (train_func, backend_cls.encode_data, backend_cls.encode_checkpoint, checkpoint)
+        refs, pickled = [], None
+        for rank, (w, shard) in enumerate(zip(wg.workers, shards)):
+            code, preloads = wg.user_code_for(rank, user_code, pickled)
+            if preloads:
+                pickled = code
+            refs.append(w._sgd_start_training.remote(
+                code, shard, self.max_pending, start_iteration, direct_write if rank == 0 else None, run_info,
+                preloads,
+            ))
         # Until the run ends cleanly, assume it did not.
         self._dirty = True
-        for rank, ref in enumerate(refs):
-            try:
-                ray.get(ref)
-            except RayActorError as exc:
-                raise WorkerDiedError(f"worker rank {rank} died: {short_error(exc)}", rank) from exc
-        return RoundCollector(wg.workers)
+        # Not waited for here: the collector waits on these with the rounds, so that a worker
+        # whose run failed at once is seen even while another one's start has not returned.
+        return RoundCollector(wg.workers, starts=refs)
 
     def rank0_on_driver_node(self) -> bool:
         """Whether rank 0 shares the driver's node (and so its local disk)."""

@@ -2,7 +2,10 @@
 
 :class:`RoundCollector` keeps one open poll per worker (each returns a batch of items) and
 one *watch* call per worker that fails as soon as its process dies, and lines the items up
-into rounds. It raises :class:`~sgd.errors.WorkerDiedError` for a death and re-raises a
+into rounds. The calls that start the training function are part of the same wait: the driver
+never blocks on one worker's start while another worker's run has already failed (a worker
+whose peer raised at once can be stuck in a collective before its own start call returns).
+It raises :class:`~sgd.errors.WorkerDiedError` for a death and re-raises a
 worker's user exception (after handing out the rounds every worker had already reported).
 """
 
@@ -63,7 +66,7 @@ def raise_remote(err: RemoteError) -> None:
 class RoundCollector:
     """Collects per-worker batches into rounds (one item per worker), in order."""
 
-    def __init__(self, workers: List[Any]):
+    def __init__(self, workers: List[Any], starts: Optional[List[ray.ObjectRef]] = None):
         n = len(workers)
         self._workers = workers
         self._pending: List[Deque[Tuple[str, Any]]] = [deque() for _ in range(n)]
@@ -75,8 +78,16 @@ class RoundCollector:
         self._inflight: Dict[ray.ObjectRef, int] = {}  # open poll → worker index
         self._polling: set = set()  # indices of the workers with an open poll
         # One open call per worker that errors as soon as its process dies, so a
-        # death is seen even while the driver waits on another worker's poll.
-        self._watches: Dict[ray.ObjectRef, int] = {w._sgd_watch.remote(): i for i, w in enumerate(workers)}
+        # death is seen even while the driver waits on another worker's poll. A worker
+        # whose start call has not returned yet is watched through that call instead.
+        self._watches: Dict[ray.ObjectRef, int] = {}
+        self._starting: Dict[ray.ObjectRef, int] = {}
+        for i, w in enumerate(workers):
+            if starts is not None:
+                self._starting[starts[i]] = i
+            else:
+                self._watches[w._sgd_watch.remote()] = i
+        self._started = [starts is None] * n
 
     def next_round(self) -> Optional[Round]:
         """The next decoded round, or ``None`` when every worker finished.
@@ -105,13 +116,16 @@ class RoundCollector:
             for i in range(len(self._workers)):
                 if not self._pending[i] and not self._done[i]:
                     self._poll(i)
-            ready, _ = ray.wait(list(self._inflight) + list(self._watches), num_returns=1)
+            ready, _ = ray.wait(self._waiting_on(), num_returns=1)
             self._receive(ready)
+
+    def _waiting_on(self) -> List[Any]:
+        return [*self._inflight, *self._watches, *self._starting]
 
     def _receive(self, ready: List[Any]) -> None:
         """Take in the calls that returned: a watch (a death, or the run's end) or a poll's batch."""
         for ref in ready:
-            if ref in self._watches:
+            if ref in self._watches or ref in self._starting:
                 self._check_watch(ref)
                 continue
             i = self._inflight.pop(ref)
@@ -129,8 +143,8 @@ class RoundCollector:
                 self.returns[i] = value
 
     def _poll(self, i: int) -> None:
-        """Open a poll on worker ``i`` unless one is open."""
-        if i not in self._polling:
+        """Open a poll on worker ``i`` unless one is open (or its run has not started yet)."""
+        if i not in self._polling and self._started[i]:
             self._polling.add(i)
             self._inflight[self._workers[i]._sgd_poll.remote(POLL_BATCH)] = i
 
@@ -159,13 +173,25 @@ class RoundCollector:
         timeout = self._drain_deadline - time.monotonic()
         ready: List[Any] = []
         if timeout > 0:
-            ready, _ = ray.wait(list(self._inflight) + list(self._watches), num_returns=1, timeout=timeout)
+            ready, _ = ray.wait(self._waiting_on(), num_returns=1, timeout=timeout)
         if not ready:
             self._raise_error()
         self._receive(ready)
 
     def _check_watch(self, ref: Any) -> None:
-        """A watch call returned: fine if the worker's run ended, a death otherwise."""
+        """A watch call returned: fine if the worker's run ended, a death otherwise. A start
+        call returned: the worker's run started (watch it from now on), or it died first."""
+        if ref in self._starting:
+            i = self._starting.pop(ref)
+            try:
+                ray.get(ref)
+            except RayActorError as exc:
+                raise WorkerDiedError(
+                    f"worker rank {i} died while its training function started: {short_error(exc)}", i
+                ) from exc
+            self._started[i] = True
+            self._watches[self._workers[i]._sgd_watch.remote()] = i
+            return
         self._get(ref, self._watches.pop(ref))
 
     def _raise_error(self) -> None:
@@ -175,8 +201,8 @@ class RoundCollector:
         assert self._error is not None
         grace = PEER_FAILURE_GRACE_S if looks_like_peer_failure(self._error) else 0.0
         deadline = time.monotonic() + grace
-        while self._watches:
-            ready, _ = ray.wait(list(self._watches), num_returns=1,
+        while self._watches or self._starting:
+            ready, _ = ray.wait([*self._watches, *self._starting], num_returns=1,
                                 timeout=max(0.0, deadline - time.monotonic()))
             for ref in ready:
                 self._check_watch(ref)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -29,11 +30,49 @@ class WorkerMetadata:
     gpu_ids: List[str]
 
 
+class _Preloads:
+    """How many preloads this process has finished. Calls that unpickle user code wait here
+    for the preloads the driver sent before them (issue 18): unpickling a function that refers
+    to a class deep inside a package (tensorflow...) while another thread imports that package
+    trips Python's import-deadlock detection, and one of the two imports then sees a partially
+    initialised module. Counting, not call order, so it holds whatever order Ray runs the
+    calls of a threaded actor in."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._done = 0
+
+    def finished(self) -> None:
+        with self._cv:
+            self._done += 1
+            self._cv.notify_all()
+
+    def wait(self, count: int) -> None:
+        with self._cv:
+            while self._done < count:
+                self._cv.wait()
+
+
+_PRELOADS = _Preloads()
+
+
+def _user_code(code: Any, preloads: int) -> Any:
+    """``code`` ready to call: after ``preloads`` preloads finished, unpickled if it came as bytes."""
+    if preloads:
+        _PRELOADS.wait(preloads)
+    if isinstance(code, bytes):
+        import ray.cloudpickle as cloudpickle
+
+        return cloudpickle.loads(code)
+    return code
+
+
 class WorkerMixin:
     """Methods sgd calls on each worker actor; mixed into the user's ``actor_cls`` if any."""
 
-    def _sgd_execute(self, fn: Callable[..., Any], args: Tuple, kwargs: Dict[str, Any]) -> Any:
-        return fn(*args, **kwargs)
+    def _sgd_execute(self, fn: Any, args: Tuple, kwargs: Dict[str, Any], preloads: int = 0) -> Any:
+        """``fn(*args, **kwargs)``; ``fn`` comes pickled (bytes) while preloads are pending."""
+        return _user_code(fn, preloads)(*args, **kwargs)
 
     @ray.method(concurrency_group=CONTROL_GROUP)
     def _sgd_metadata(self) -> WorkerMetadata:
@@ -51,14 +90,17 @@ class WorkerMixin:
     @ray.method(concurrency_group=CONTROL_GROUP)
     def _sgd_preload(self, modules: Tuple[str, ...]) -> None:
         """Import ``modules`` (in a control-group thread, so other calls go on meanwhile;
-        code that needs them waits on Python's import lock until they are in)."""
+        calls that unpickle user code wait for it: see :class:`_Preloads`)."""
         import importlib
 
-        for name in modules:
-            try:
-                importlib.import_module(name)
-            except Exception:  # the real import later reports the problem properly
-                pass
+        try:
+            for name in modules:
+                try:
+                    importlib.import_module(name)
+                except Exception:  # the real import later reports the problem properly
+                    pass
+        finally:
+            _PRELOADS.finished()
 
     @ray.method(concurrency_group=CONTROL_GROUP)
     def _sgd_set_context(self, context: WorkerContext) -> None:
@@ -66,16 +108,17 @@ class WorkerMixin:
 
     def _sgd_start_training(
         self,
-        train_func: Callable[[], Any],
-        encode: Callable[[Any], Any],
-        checkpoint: Optional[dict],
+        user_code: Any,
         dataset_shard: Any,
         max_pending: int,
         start_iteration: int = 0,
-        encode_checkpoint: Optional[Callable[[Any], Any]] = None,
         direct_write: Optional[DirectWrite] = None,
         run_info: Optional[Dict[str, Optional[str]]] = None,
+        preloads: int = 0,
     ) -> None:
+        """Start a run: ``user_code`` is ``(train_func, encode, encode_checkpoint, checkpoint)``,
+        pickled (bytes) while preloads are pending on this worker."""
+        train_func, encode, encode_checkpoint, checkpoint = _user_code(user_code, preloads)
         previous = STATE.session
         if previous is not None and not previous.finished:
             raise RuntimeError("a training function is still running on this worker")
