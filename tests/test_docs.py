@@ -43,7 +43,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(\S*)\s*$")
 DIRECTIVE = re.compile(r"^<!-- docs-test: ([a-z-]+)(?::\s*(.*?))?\s*(-->)?$")
 KINDS = {"skip", "continue", "setup", "after", "file", "signature", "same-as", "requires"}
-MISSING_PREFIX = re.compile(r"^<!--\s*(%s)\b" % "|".join(sorted(KINDS)))
+MISSING_PREFIX = re.compile(r"^<!--\s*(" + "|".join(sorted(KINDS)) + r")\b")
 
 
 @dataclass

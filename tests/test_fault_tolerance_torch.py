@@ -63,3 +63,40 @@ def test_five_kills_same_final_model(ray_cluster):
     assert names == [f"checkpoint_{i:06d}" for i in range(1, steps + 1)]
     state = sgd.Trainer.load_checkpoint_from_path(trainer.latest_checkpoint_dir / names[-1])
     assert torch.equal(state["model"]["weight"], reference.weight)
+
+
+def _allreduce_steps(config):
+    import torch.distributed as dist
+
+    state = sgd.load_checkpoint() or {"step": 0}
+    for step in range(state["step"] + 1, config["steps"] + 1):
+        t = torch.tensor([float(sgd.world_rank() + 1)])
+        dist.all_reduce(t)  # the survivor's collective fails when its peer dies
+        sgd.report(step=step, total=t.item(), pid=os.getpid(), rank=sgd.world_rank())
+        sgd.save_checkpoint(step=step)
+    return os.getpid()
+
+
+def test_gloo_keeps_the_survivor_and_rebuilds_the_process_group(ray_cluster):
+    """After rank 1 is killed, rank 0's process is kept: its process group is destroyed and
+    built again with the new rank 1, and collectives work across the two (issue 20)."""
+    from sgd_testing import KillWorker
+
+    trainer = sgd.Trainer(backend="torch", num_workers=2, max_retries=1)
+    trainer.start()
+    try:
+        first = trainer.run(_allreduce_steps, config={"steps": 1})
+        killer = KillWorker(at=2, key="step", rank=1)
+        rounds = []
+
+        class Keep(sgd.TrainingCallback):
+            def handle_result(self, results, **info):
+                rounds.append(results)
+
+        final = trainer.run(_allreduce_steps, config={"steps": 5}, callbacks=[killer, Keep()])
+    finally:
+        trainer.shutdown()
+    assert [r[0]["step"] for r in rounds] == [1, 2, 3, 4, 5]
+    assert all(r[0]["total"] == r[1]["total"] == 3.0 for r in rounds)  # 1 + 2, before and after
+    assert final[0] == first[0]  # rank 0: the same process from start to end
+    assert final[1] not in (first[1], killer.killed[0])  # rank 1: a new one

@@ -178,3 +178,88 @@ def test_peer_failure_error_without_a_death_is_raised(trainer_factory, tmp_path,
     with pytest.raises(RuntimeError, match="Connection reset by peer"):
         trainer.run(fails)
     assert time.monotonic() - start >= 1.0  # held for the grace period, then raised as is
+
+
+# --- restarting only what died (issue 20) -----------------------------------------------------
+
+
+def _pids_by_rank(rounds):
+    """rank -> the pids it reported, in order, without repeats."""
+    out = {}
+    for results in rounds:
+        for r in results:
+            pids = out.setdefault(r["rank"], [])
+            if not pids or pids[-1] != r["pid"]:
+                pids.append(r["pid"])
+    return out
+
+
+class _Rounds(sgd.TrainingCallback):
+    def __init__(self):
+        self.rounds = []
+
+    def handle_result(self, results, **info):
+        self.rounds.append(results)
+
+
+def test_a_restart_replaces_only_the_dead_worker(trainer_factory):
+    """The base backend keeps the survivor: same process, same rank, one new process."""
+    trainer = trainer_factory(max_retries=1)
+    seen = _Rounds()
+    killer = KillWorker(at=3, key="step", rank=1)
+    expected = trainer_factory().run(_deterministic, config={"steps": 6})
+    assert trainer.run(_deterministic, config={"steps": 6}, callbacks=[killer, seen]) == expected
+    pids = _pids_by_rank(seen.rounds)
+    assert len(pids[0]) == 1, pids  # rank 0 ran both attempts in its first process
+    assert len(pids[1]) == 2 and pids[1][0] == killer.killed[0], pids
+    assert [r[0]["step"] for r in seen.rounds] == list(range(1, 7))
+    # The kept worker starts the next run too, with the same rank.
+    assert trainer.run(lambda: (os.getpid(), sgd.world_rank())) == [(pids[0][0], 0), (pids[1][1], 1)]
+
+
+def _stuck_after(config):
+    """Reports ``steps`` steps; then rank 0 (only in the first attempt) waits forever without
+    reporting, as code blocked outside sgd would."""
+    import threading
+
+    state = sgd.load_checkpoint() or {"step": 0}
+    for step in range(state["step"] + 1, config["steps"] + 1):
+        sgd.report(step=step, pid=os.getpid(), rank=sgd.world_rank())
+        sgd.save_checkpoint(step=step)
+        if step == 2 and sgd.world_rank() == 0 and not os.path.exists(config["marker"]):
+            open(config["marker"], "w").close()
+            threading.Event().wait()
+    return os.getpid()
+
+
+def test_a_survivor_that_does_not_stop_is_replaced(trainer_factory, tmp_path, monkeypatch):
+    from sgd._internal import backend_executor
+
+    monkeypatch.setattr(backend_executor, "SURVIVOR_PATIENCE_S", 1.0)
+    trainer = trainer_factory(max_retries=1)
+    seen = _Rounds()
+    killer = KillWorker(at=2, key="step", rank=1)
+    marker = str(tmp_path / "stuck")
+    final_pids = trainer.run(_stuck_after, config={"steps": 4, "marker": marker}, callbacks=[killer, seen])
+    pids = _pids_by_rank(seen.rounds)
+    # Rank 0 never ended its run when asked: it was replaced along with the dead rank 1.
+    assert final_pids[0] != pids[0][0] and final_pids[1] != killer.killed[0]
+    assert [r[0]["step"] for r in seen.rounds] == [1, 2, 3, 4]
+
+
+def test_a_backend_that_does_not_keep_survivors_gets_all_new_workers(ray_cluster):
+    class Fresh(sgd.BackendConfig):
+        @property
+        def backend_cls(self):
+            return type("FreshBackend", (sgd.Backend,), {})  # a subclass: keeps_survivors is False
+
+    trainer = sgd.Trainer(backend=Fresh(), num_workers=2, max_retries=1)
+    trainer.start()
+    try:
+        seen = _Rounds()
+        killer = KillWorker(at=3, key="step", rank=1)
+        trainer.run(_deterministic, config={"steps": 5}, callbacks=[killer, seen])
+        pids = _pids_by_rank(seen.rounds)
+        assert len(pids[0]) == 2 and len(pids[1]) == 2, pids
+    finally:
+        trainer.shutdown()

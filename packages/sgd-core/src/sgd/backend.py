@@ -55,6 +55,21 @@ class Backend:
     ) -> None:
         """Called when the group failed, before it is torn down and restarted."""
 
+    def keeps_survivors(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> bool:
+        """Whether a restart after a worker death may keep the workers that survived.
+
+        When true, sgd replaces only the workers that died (or did not end their run within a
+        few seconds of being asked to), runs the ``initialization_hook`` on the new ones only,
+        and then :meth:`on_start` on the whole group again: ``on_start`` must then set the
+        framework up in processes where it was set up before (for torch: destroy the old
+        process group, build a new one). When false (the default for subclasses), every worker
+        is replaced, as a framework whose state cannot be rebuilt in a live process needs.
+
+        The no-op ``"base"`` backend keeps survivors; sgd-torch does with gloo (not NCCL,
+        whose communicators cannot be torn down safely after a peer died).
+        """
+        return type(self) is Backend
+
     @staticmethod
     def encode_data(data: Any) -> Any:
         """Turn a worker-side value (a report, a checkpoint, a return value) into

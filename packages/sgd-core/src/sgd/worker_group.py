@@ -40,6 +40,10 @@ def infeasible_timeout_s() -> float:
     return float(os.environ.get("SGD_INFEASIBLE_TIMEOUT_S", "10"))
 
 
+#: After one worker's call in :meth:`WorkerGroup.execute` failed, how long the others may go on.
+EXECUTE_ERROR_GRACE_S = 5.0
+
+
 class ResourcesUnavailableError(RuntimeError, TimeoutError):
     """The cluster could not place the workers in time.
 
@@ -403,6 +407,23 @@ class WorkerGroup:
             self._preloads.pop(w._actor_id, None)
         # metadata/contexts still describe the stopped actors (where they ran) until a restart.
 
+    def replace_workers(self, indexes: List[int]) -> None:
+        """Kill the workers at ``indexes`` and start new ones in their places (their slots of
+        the reservation, their ranks); the other workers are kept as they are. Every
+        worker's context is set again (a new worker may land on another node where the
+        reservation is shared)."""
+        gone = sorted(set(indexes))
+        if not gone:
+            return
+        for i in gone:
+            ray.kill(self.workers[i], no_restart=True)
+            self._preloads.pop(self.workers[i]._actor_id, None)
+        actors, metadata = self._launch([self._slots[i] for i in gone])
+        workers, metas = list(self.workers), list(self.metadata)
+        for i, actor, meta in zip(gone, actors, metadata):
+            workers[i], metas[i] = actor, meta
+        self._set_order(workers, metas)
+
     def restart_actors(self) -> None:
         """Kill every actor at once and start fresh ones in the same reservation (as many as now).
 
@@ -465,18 +486,24 @@ class WorkerGroup:
     def execute(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> List[Any]:
         """Run ``fn(*args, **kwargs)`` on every worker; results in rank order."""
         refs = self.execute_async(fn, *args, **kwargs)
-        try:
-            return ray.get(refs)
-        except Exception:
-            # Read the other calls that already ended too, so that Ray does not log their
-            # errors as "unhandled" later (without waiting for ones still running).
-            done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-            for ref in done:
-                try:
-                    ray.get(ref)
-                except Exception:
-                    pass
-            raise
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            try:
+                ray.get(ready)
+            except Exception:
+                # The other calls get a moment to end (so that each worker ran ``fn`` once
+                # whichever failed first), not forever: one may be blocked in a collective
+                # the failed worker will never join. Their results are read, so that Ray
+                # does not log their errors as "unhandled" later.
+                done = ray.wait(pending, num_returns=len(pending), timeout=EXECUTE_ERROR_GRACE_S)[0] if pending else []
+                for ref in done:
+                    try:
+                        ray.get(ref)
+                    except Exception:
+                        pass
+                raise
+        return ray.get(refs)
 
     def execute_single_async(self, index: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> ray.ObjectRef:
         """Run ``fn(*args, **kwargs)`` on worker ``index``; an object ref."""

@@ -191,6 +191,14 @@ class TorchBackend(Backend):
     def on_shutdown(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
         worker_group.execute(_destroy_process_group)
 
+    def keeps_survivors(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> bool:
+        """With gloo, a worker that survived a peer's death is kept: :meth:`on_start` destroys
+        its process group and builds a new one with the replaced worker. NCCL communicators
+        cannot be torn down safely after a peer died: every worker is replaced."""
+        assert isinstance(backend_config, TorchConfig)
+        use_gpu = worker_group.num_gpus_per_worker > 0
+        return (backend_config.backend or ("nccl" if use_gpu else "gloo")) == "gloo"
+
     @staticmethod
     def encode_data(data: Any) -> Any:
         if "torch" not in sys.modules:  # nothing can hold a tensor

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import ray
@@ -128,13 +129,17 @@ class BackendExecutor:
             placement_strategy=self.placement_strategy,
         )
 
-    def _setup(self) -> None:
-        """The initialization hook and the backend setup hooks, on the current group."""
+    def _setup(self, new: Optional[List[int]] = None) -> None:
+        """The initialization hook (on the workers at indices ``new``, or on all) and the
+        backend setup hooks (on all), on the current group."""
         wg = self.worker_group
         assert wg is not None
         with _deaths_as_errors(wg, "setting the worker group up"):
             if self._initialization_hook is not None:
-                wg.execute(self._initialization_hook)
+                if new is None:
+                    wg.execute(self._initialization_hook)
+                else:
+                    ray.get([wg.execute_single_async(i, self._initialization_hook) for i in new])
             self.hook.sgd_backend_setup(**self._hook_kwargs())
         self._dirty = False
 
@@ -166,10 +171,10 @@ class BackendExecutor:
         self._dirty = True
         old = self.worker_group
         assert old is not None
+        replaced: Optional[List[int]] = None
         with _deaths_as_errors(None, "restarting"):
             if self.min_workers == self.max_workers:
-                logger.info("restarting %d workers", self.num_workers)
-                old.restart_actors()
+                replaced = self._replace_failed(old)
             else:
                 # Resize: count what fits with our old reservation released, release it, place anew.
                 ours: Dict[str, int] = {}
@@ -180,7 +185,27 @@ class BackendExecutor:
                 self.worker_group = self._new_worker_group(ours)
                 self.worker_group.backend = self.backend
                 self.worker_group.add_shutdown_hook(self._teardown)
-        self._setup()
+        self._setup(replaced)
+
+    def _replace_failed(self, wg: WorkerGroup) -> Optional[List[int]]:
+        """Replace the workers of a fixed-size group after a failure: only the ones that died
+        or did not end their run within :data:`SURVIVOR_PATIENCE_S` of being asked to, when
+        the backend allows it (:meth:`sgd.Backend.keeps_survivors`), else all of them.
+
+        :returns: the indices of the new workers, or ``None`` when all were replaced.
+        """
+        assert self.backend is not None
+        survivors: List[int] = []
+        if wg.workers and self.backend.keeps_survivors(wg, self.backend_config):
+            survivors = _idle_survivors(wg, SURVIVOR_PATIENCE_S)
+        if not survivors:
+            logger.info("restarting %d workers", self.num_workers)
+            wg.restart_actors()
+            return None
+        failed = [i for i in range(len(wg)) if i not in set(survivors)]
+        logger.info("restarting %d of %d workers (ranks %s); keeping the others", len(failed), len(wg), failed)
+        wg.replace_workers(failed)
+        return failed
 
     # --- runs ------------------------------------------------------------------------------
 
@@ -286,6 +311,35 @@ class BackendExecutor:
             wg, self.worker_group = self.worker_group, None
             wg.shutdown()
         self.backend = None
+
+
+#: After a worker died, how long the others get to end their run (they are asked to stop at
+#: their next report; one whose collective lost its peer fails at once) before they are
+#: replaced too. Only for backends that keep survivors (:meth:`sgd.Backend.keeps_survivors`).
+SURVIVOR_PATIENCE_S = float(os.environ.get("SGD_SURVIVOR_PATIENCE_S", "5"))
+
+
+def _idle_survivors(wg: WorkerGroup, patience_s: float) -> List[int]:
+    """Indices of the workers that are alive and whose run ended within ``patience_s`` (each
+    is asked to stop first). Dead workers answer at once, with an error."""
+    from ray.exceptions import RayError
+
+    stops = [w._sgd_stop.remote() for w in wg.workers]
+    watches = {w._sgd_watch.remote(): i for i, w in enumerate(wg.workers)}
+    ready, _ = ray.wait(list(watches), num_returns=len(watches), timeout=patience_s)
+    alive = []
+    for ref in ready:
+        try:
+            ray.get(ref)
+            alive.append(watches[ref])
+        except RayError:
+            pass
+    for ref in ray.wait(stops, num_returns=len(stops), timeout=0)[0]:  # read: no "unhandled error" logs
+        try:
+            ray.get(ref)
+        except RayError:
+            pass
+    return sorted(alive)
 
 
 @contextlib.contextmanager

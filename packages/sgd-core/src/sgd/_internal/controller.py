@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from sgd._internal.backend_executor import BackendExecutor
 from sgd._internal.checkpoint_manager import CheckpointManager
-from sgd._internal.protocol import DirectCheckpoint, DirectWrite, Round, detailed_metrics_enabled, strip_detailed
+from sgd._internal.protocol import DirectCheckpoint, DirectWrite, Round, detailed_metrics_enabled
 from sgd._internal.rounds import RoundCollector
 from sgd._internal.run_dir import RunDirectory
 from sgd.callbacks import TrainingCallback
@@ -240,15 +240,15 @@ class ActiveRun:
             return None  # replayed after a restart: callbacks already have it
         self._delivered_iteration = iteration
         results = round_.results
-        self._spec.run_dir.append_results(results)
+        self._spec.run_dir.append_line(round_.json_line())
         if round_.has_reported_checkpoint:
             # After the results line: a driver that dies in between resumes from an older
             # checkpoint and replays (de-duplicated), never skips, this round.
             first = next(i for i, c in enumerate(round_.checkpoints) if c is not None)
-            manager.register_reported(round_.checkpoints, results[first], iteration,
+            manager.register_reported(round_.checkpoints, round_.full_result(first), iteration,
                                       decode=self._executor.decode_checkpoint)
-        if not detailed_metrics_enabled():  # persisted above in full; handed on only when asked for
-            strip_detailed(results)
+        if detailed_metrics_enabled():  # persisted above in full; handed on only when asked for
+            round_.add_details()
         self._hook.sgd_handle_result(results=results, run_info=self._spec.run_info)
         for cb in self._spec.callbacks:
             cb.handle_result(results)

@@ -8,7 +8,10 @@ items into a :class:`Round`: what the rest of the driver sees.
 Item kinds:
 
 - ``REPORT``: a metrics dict (``sgd.report``). It may carry the checkpoint passed with it
-  under :data:`CHECKPOINT_KEY` (``sgd.report(m, checkpoint=c)``); decoding takes it out.
+  under :data:`CHECKPOINT_KEY` (``sgd.report(m, checkpoint=c)``), carries the detailed
+  autofilled values as one dict under :data:`DETAIL_KEY`, and, once polled, its
+  ``results.jsonl`` text under :data:`LINE_KEY` (encoded by the worker: the driver writes a
+  round by joining N strings, with no per-value work). Decoding takes the three out.
 - ``CHECKPOINT``: ``sgd.save_checkpoint`` state. Rank 0's is the state (encoded by the
   backend), a :class:`DirectCheckpoint` or a :class:`DirectoryFiles`; other ranks send
   ``None`` so the driver can check that every rank took part.
@@ -29,6 +32,38 @@ CHECKPOINT_KEY = "_sgd_checkpoint"
 #: Autofilled keys every report carries on the wire and in ``results.jsonl``; the driver hands
 #: them to callbacks and iterators only while :func:`detailed_metrics_enabled` is true.
 DETAILED_AUTOFILLED_KEYS = ("_date", "_time_total_s", "_pid", "_hostname", "_node_ip")
+
+#: Key of a report on the wire that holds :data:`DETAILED_AUTOFILLED_KEYS` as one dict (so that
+#: leaving them out costs the driver one ``pop`` per report, not five).
+DETAIL_KEY = "_sgd_detail"
+
+#: Key of a polled report that holds its ``results.jsonl`` text (see :func:`encode_line`).
+LINE_KEY = "_sgd_line"
+
+_WIRE_KEYS = (CHECKPOINT_KEY, DETAIL_KEY, LINE_KEY)
+
+
+def encode_line(data: Dict[str, Any]) -> str:
+    """One report as ``results.jsonl`` keeps it: JSON, secrets dropped (:mod:`sgd.redact`), the
+    detailed values in, the checkpoint out; non-finite floats spelled as strings, other values
+    as :func:`~sgd._internal.json_values.json_default` makes them. Never raises."""
+    import json
+
+    from sgd._internal.json_values import finite, json_default
+    from sgd.redact import redact
+
+    row = {k: v for k, v in data.items() if k not in _WIRE_KEYS}
+    detail = data.get(DETAIL_KEY)
+    if detail:
+        row.update(detail)
+    row = redact(row)
+    try:
+        return json.dumps(row, default=json_default, allow_nan=False)
+    except ValueError:
+        pass
+    except TypeError:  # keys JSON cannot hold (tuples...): those entries are left out
+        return json.dumps(finite(row), default=json_default, skipkeys=True)
+    return json.dumps(finite(row), default=json_default)
 
 #: The switch, under sgd's name and Ray Train 1.x's.
 DETAILED_SWITCHES = ("SGD_RESULT_ENABLE_DETAILED_AUTOFILLED_METRICS", "TRAIN_RESULT_ENABLE_DETAILED_AUTOFILLED_METRICS")
@@ -99,11 +134,36 @@ class Round:
         removed); for a checkpoint round, the raw per-worker payloads.
     :ivar checkpoints: for a report round, the checkpoint each worker passed with its
         report (``None`` where it passed none).
+    :ivar lines: for a report round, each report's ``results.jsonl`` text (``None`` where
+        the worker sent none: :meth:`json_line` encodes those on the driver).
+    :ivar details: for a report round, each report's detailed autofilled values.
     """
 
     kind: str
     results: List[Any]
     checkpoints: List[Any] = field(default_factory=list)
+    lines: List[Optional[str]] = field(default_factory=list)
+    details: List[Optional[Dict[str, Any]]] = field(default_factory=list)
+
+    def json_line(self) -> str:
+        """The round as one ``results.jsonl`` line (a JSON list, one object per worker)."""
+        if None not in self.lines:
+            return "[" + ", ".join(self.lines) + "]"  # type: ignore[arg-type]
+        return "[" + ", ".join(
+            line if line is not None else encode_line({**r, DETAIL_KEY: d})
+            for line, r, d in zip(self.lines, self.results, self.details)
+        ) + "]"
+
+    def add_details(self) -> None:
+        """Put the detailed autofilled values into :attr:`results` (when they are asked for)."""
+        for result, detail in zip(self.results, self.details):
+            if detail:
+                result.update(detail)
+
+    def full_result(self, index: int) -> Dict[str, Any]:
+        """Worker ``index``'s result with its detailed values, whatever the switch says."""
+        detail = self.details[index] if self.details else None
+        return {**self.results[index], **detail} if detail else self.results[index]
 
     @property
     def is_checkpoint(self) -> bool:
@@ -131,4 +191,6 @@ def decode_round(kind: str, data: List[Any]) -> Round:
     if kind == CHECKPOINT:
         return Round(kind, data)
     checkpoints = [d.pop(CHECKPOINT_KEY, None) for d in data]
-    return Round(kind, data, checkpoints)
+    lines = [d.pop(LINE_KEY, None) for d in data]
+    details = [d.pop(DETAIL_KEY, None) for d in data]
+    return Round(kind, data, checkpoints, lines, details)

@@ -116,11 +116,17 @@ class RoundCollector:
             for i in range(len(self._workers)):
                 if not self._pending[i] and not self._done[i]:
                     self._poll(i)
-            ready, _ = ray.wait(self._waiting_on(), num_returns=1)
-            self._receive(ready)
+            self._receive(self._wait())
 
-    def _waiting_on(self) -> List[Any]:
-        return [*self._inflight, *self._watches, *self._starting]
+    def _wait(self, timeout: Optional[float] = None) -> List[Any]:
+        """The calls that returned: every one that has (one ``ray.wait`` for all of them, so
+        the driver's waits per round do not grow with the workers), or else the first one
+        to return within ``timeout`` (none if it passed)."""
+        waiting = [*self._inflight, *self._watches, *self._starting]
+        ready, _ = ray.wait(waiting, num_returns=len(waiting), timeout=0)
+        if not ready and (timeout is None or timeout > 0):
+            ready, _ = ray.wait(waiting, num_returns=1, timeout=timeout)
+        return ready
 
     def _receive(self, ready: List[Any]) -> None:
         """Take in the calls that returned: a watch (a death, or the run's end) or a poll's batch."""
@@ -173,7 +179,7 @@ class RoundCollector:
         timeout = self._drain_deadline - time.monotonic()
         ready: List[Any] = []
         if timeout > 0:
-            ready, _ = ray.wait(self._waiting_on(), num_returns=1, timeout=timeout)
+            ready = self._wait(timeout)
         if not ready:
             self._raise_error()
         self._receive(ready)

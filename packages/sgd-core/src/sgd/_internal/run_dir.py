@@ -13,9 +13,8 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import IO, Any, Dict, List, Optional, Tuple
+from typing import IO, Any, Dict, Optional, Tuple
 
-from sgd._internal.json_values import finite, json_default
 from sgd.redact import redact
 from sgd.runs import RESULTS_FILE, SETTINGS_FILE, STATUS_FILE, last_iteration, read_settings
 
@@ -69,14 +68,10 @@ class RunDirectory:
 
     # --- results ------------------------------------------------------------------
 
-    def append_results(self, results: List[Dict[str, Any]]) -> None:
+    def append_line(self, line: str) -> None:
+        """Append one round's line, already JSON (:meth:`sgd._internal.protocol.Round.json_line`)."""
         if self._results is None:
             self._results = open(self.path / RESULTS_FILE, "a", encoding="utf-8")
-        results = redact(results)
-        try:
-            line = json.dumps(results, default=json_default, allow_nan=False)
-        except ValueError:
-            line = json.dumps(finite(results), default=json_default)
         self._results.write(line + "\n")
         self._results.flush()  # reaches the OS at once: survives a killed driver
 

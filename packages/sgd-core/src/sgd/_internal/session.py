@@ -27,11 +27,14 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 from sgd._internal.protocol import (
     CHECKPOINT,
     CHECKPOINT_KEY,
+    DETAIL_KEY,
+    LINE_KEY,
     REPORT,
     DirectCheckpoint,
     DirectoryFiles,
     DirectWrite,
     RemoteError,
+    encode_line,
 )
 
 #: How many items a worker may buffer ahead of the driver before ``report`` blocks.
@@ -142,6 +145,8 @@ class Session:
         self._iteration = start_iteration
         self._start_time = time.time()
         self._last_report_time = self._start_time
+        self._date_second = -1
+        self._date = ""
         self._thread = threading.Thread(target=self._run, name="sgd-train", daemon=True)
 
     # --- training thread -----------------------------------------------------
@@ -200,13 +205,15 @@ class Session:
         out["_timestamp"] = int(now)
         out["_time_this_iter_s"] = now - self._last_report_time
         out["_training_iteration"] = self._iteration
-        # Always sent: whether the driver hands them on is decided there, per round
-        # (sgd._internal.protocol.detailed_metrics_enabled), so the switch works when set late.
-        out["_date"] = time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(now))
-        out["_time_total_s"] = now - self._start_time
-        out["_pid"] = os.getpid()
-        out["_hostname"] = _HOSTNAME
-        out["_node_ip"] = _node_ip()
+        # Always sent (and always in results.jsonl): whether the driver hands them on is decided
+        # there, per round (sgd._internal.protocol.detailed_metrics_enabled), so the switch
+        # works when set late.
+        second = int(now)
+        if second != self._date_second:  # the date string changes once a second
+            self._date_second = second
+            self._date = time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(now))
+        out[DETAIL_KEY] = {"_date": self._date, "_time_total_s": now - self._start_time, "_pid": os.getpid(),
+                           "_hostname": _HOSTNAME, "_node_ip": _node_ip()}
         self._last_report_time = now
         return out
 
@@ -366,7 +373,13 @@ class Session:
             self._cv.notify_all()
             self._last_batch = batch  # kept until the next poll: see sgd._internal.unsendable
             finished = self._finished and not self._items
-            return batch, finished, self._result if finished else None, self._error if finished else None
+        # Each report's results.jsonl text is encoded here, in the worker (outside the lock, so
+        # the training thread goes on reporting), so that the driver's work per round does not
+        # grow with the values every worker reports (issue 20).
+        for kind, data in batch:
+            if kind == REPORT and LINE_KEY not in data:
+                data[LINE_KEY] = encode_line(data)
+        return batch, finished, self._result if finished else None, self._error if finished else None
 
     @property
     def finished(self) -> bool:
