@@ -110,7 +110,8 @@ def demo(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
-    """Benchmarks: core overhead, checkpoints and recovery, Ray Data, sgd side by side with Ray
+    """Benchmarks: core overhead, checkpoints and recovery, scale (2 to 32 workers, scale.md/.png),
+    Ray Data, sgd side by side with Ray
     Train and torchrun (compare.md/.png), and a Tune grid with and without actor reuse (tune.md);
     JSON and markdown tables in benchmarks/results/.
     ``nox -s bench -- --quick`` runs fewer repetitions."""
@@ -118,6 +119,9 @@ def bench(session: nox.Session) -> None:
     env = {"PYTHONUNBUFFERED": "1"}
     session.run("python", "benchmarks/bench_core.py", *session.posargs, env=env)
     session.run("python", "benchmarks/bench_checkpoint.py", *session.posargs, env=env)
+    # N = 2 to 32 workers on a simulated multi-node cluster, sgd beside Ray Train and a floor
+    session.install(*CONSTRAINTS, "ray[train]", "matplotlib")
+    session.run("python", "benchmarks/bench_scale.py", *session.posargs, env=env)
     # ray[data] for bench_data; ray[train] (Ray Train's TorchTrainer, the same ray as sgd's) and
     # matplotlib (compare.png) for bench_compare
     session.install(*CONSTRAINTS, "ray[data,train]", "matplotlib")

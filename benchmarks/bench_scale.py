@@ -41,6 +41,8 @@ HERE = Path(__file__).resolve().parent
 DRIVERS = HERE / "_scale_drivers.py"
 NODES = 4
 NODE_CPUS = 8  # logical: 32 workers at 1 CPU each fit, with room for Ray Train's controller
+#: Ray Train's four fits (trivial, reports, checkpoints, recovery) at one N get this long in all.
+RAY_TRAIN_LIMIT_S = 600
 LABEL = {"sgd": "sgd", "ray": "Ray Train", "floor": "floor (plain actors + gloo)"}
 
 
@@ -97,7 +99,8 @@ def summarise(out: Dict[str, Any]) -> Dict[str, Any]:
     """The figures of one run: medians where a run has several samples."""
     if "error" in out:
         return out
-    s = {k: out[k] for k in ("start_s", "start_run_shutdown_s", "rounds_per_s", "driver_cpu_per_round_us",
+    s = {k: out[k] for k in ("start_s", "start_run_shutdown_s", "rounds_per_s", "driver_rounds_per_s",
+                             "driver_cpu_per_round_us",
                              "recovery_s", "trivial_run_s", "shutdown_s") if k in out}
     if out.get("checkpoint_s"):
         s["checkpoint_s"] = statistics.median(out["checkpoint_s"])
@@ -122,7 +125,8 @@ ROWS = [  # (figure, label, unit, better)
     ("start_run_shutdown_s", "start + trivial run + shutdown", "s", "low"),
     ("start_s", "start (placed, process group up)", "s", "low"),
     ("rounds_per_s", "report rounds/s (every worker reports)", "/s", "high"),
-    ("driver_cpu_per_round_us", "driver CPU per round", "us", "low"),
+    ("driver_rounds_per_s", "rounds/s the driver takes in (reports made beforehand)", "/s", "high"),
+    ("driver_cpu_per_round_us", "driver CPU per round (of that)", "us", "low"),
     ("checkpoint_s", "checkpoint round, rank 0 saves 10 MB", "s", "low"),
     ("recovery_s", "recovery after SIGKILL of one worker", "s", "low"),
     ("worker_rss_mb", "memory per worker process (RSS)", "MB", "low"),
@@ -156,7 +160,8 @@ def targets(results: Dict[str, Dict[int, Dict[str, Any]]], sizes: List[int]) -> 
         ratio = sgd["start_run_shutdown_s"] / floor["start_run_shutdown_s"]
         lines.append(f"- start + trivial run + shutdown at N={n}: {ratio:.2f}× the floor (target ≤ 1.1×)")
     if "rounds_per_s" in sgd:
-        lines.append(f"- report rounds/s at N={n}: {sgd['rounds_per_s']:,.0f} (target ≥ 2,000)")
+        lines.append(f"- report rounds/s at N={n}: {sgd['rounds_per_s']:,.0f} end to end, "
+                     f"{sgd.get('driver_rounds_per_s', float('nan')):,.0f} taken in by the driver (target ≥ 2,000)")
     if "recovery_s" in sgd and "recovery_s" in small:
         lines.append(f"- recovery at N={n}: {sgd['recovery_s'] / small['recovery_s']:.2f}× the N={min(sizes)} "
                      "recovery (target ≤ 1.5×)")
@@ -216,7 +221,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         for n in sizes:
             config["cpu_per_worker"] = min(1.0, NODES * NODE_CPUS / max(n, 1) / 2)
             for fw in frameworks:
-                limit = 240 + (60 if fw == "ray" else 20) * n  # Ray Train: 4 fits of N workers
+                limit = RAY_TRAIN_LIMIT_S if fw == "ray" else 240 + 20 * n
                 out = run_one(cluster.address, fw, n, config, work_root / f"{fw}_{n}", limit)
                 raw[fw][n] = out
                 results[fw][n] = summarise(out)

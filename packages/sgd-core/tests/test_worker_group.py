@@ -263,6 +263,21 @@ def test_add_and_remove_workers(ray_cluster):
         wg.add_workers(1)
 
 
+def test_replace_workers_keeps_the_others_and_the_ranks(ray_cluster):
+    wg = sgd.WorkerGroup(num_workers=2, num_cpus_per_worker=0.5)
+    try:
+        before = wg.execute(_pid)
+        wg.replace_workers([1])
+        after = wg.execute(_pid)
+        assert after[0] == before[0] and after[1] != before[1]
+        assert wg.execute(sgd.world_rank) == [0, 1] and wg.execute(sgd.world_size) == [2, 2]
+        with pytest.raises(ValueError, match=r"indexes \[2\] are not worker indexes of this group \(0..1\)"):
+            wg.replace_workers([2])
+        assert wg.execute(_pid) == after  # a refused call changes nothing
+    finally:
+        wg.shutdown()
+
+
 def test_resizing_a_group_with_a_backend_is_refused(ray_cluster):
     trainer = sgd.Trainer(backend=sgd.BackendConfig(), num_workers=1)
     wg = trainer.to_worker_group(Executable, 1)

@@ -411,7 +411,15 @@ class WorkerGroup:
         """Kill the workers at ``indexes`` and start new ones in their places (their slots of
         the reservation, their ranks); the other workers are kept as they are. Every
         worker's context is set again (a new worker may land on another node where the
-        reservation is shared)."""
+        reservation is shared).
+
+        :raises ValueError: an index is not a worker index of this group.
+        """
+        self._check_running()
+        n = len(self.workers)
+        bad = [i for i in indexes if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < n]
+        if bad:
+            raise ValueError(f"replace_workers: indexes {bad} are not worker indexes of this group (0..{n - 1})")
         gone = sorted(set(indexes))
         if not gone:
             return
