@@ -1,0 +1,50 @@
+"""The report wire format: each worker encodes its report's results.jsonl text, and the driver
+writes a round by joining them (issue 20). No Ray here: the functions the two sides call."""
+
+import json
+import math
+
+from sgd._internal.protocol import CHECKPOINT_KEY, DETAIL_KEY, LINE_KEY, decode_round, encode_line
+
+
+def _report(**metrics):
+    data = dict(metrics, _training_iteration=1)
+    data[DETAIL_KEY] = {"_pid": 7, "_hostname": "h"}
+    return data
+
+
+def test_the_line_is_the_full_report_without_secrets_or_checkpoint():
+    data = _report(loss=0.5, api_key="s3cr3t", nested={"token": 1, "a": [1, {"password": 2, "b": 3}]})
+    data[CHECKPOINT_KEY] = object()  # travels beside the report, never into the file
+    row = json.loads(encode_line(data))
+    assert row == {"loss": 0.5, "nested": {"a": [1, {"b": 3}]}, "_training_iteration": 1, "_pid": 7, "_hostname": "h"}
+
+
+def test_values_json_cannot_hold_are_spelled_not_raised():
+    row = json.loads(encode_line(_report(nan=math.nan, inf=-math.inf, obj=object(), t=(1, 2))))
+    assert row["nan"] == "NaN" and row["inf"] == "-Infinity" and row["t"] == [1, 2]
+    assert row["obj"].startswith("<object object")
+    # A key JSON cannot hold drops that entry only.
+    assert json.loads(encode_line(_report(**{"ok": 1}) | {(1, 2): "x"}))["ok"] == 1
+
+
+def test_a_decoded_round_hands_out_plain_results_and_one_line():
+    items = []
+    for rank in range(3):
+        data = _report(rank=rank)
+        data[LINE_KEY] = encode_line(data)
+        items.append(data)
+    items[1][CHECKPOINT_KEY] = {"w": 1}
+    round_ = decode_round("report", items)
+    assert round_.results == [{"rank": r, "_training_iteration": 1} for r in range(3)]
+    assert round_.checkpoints == [None, {"w": 1}, None]
+    assert [row["rank"] for row in json.loads(round_.json_line())] == [0, 1, 2]
+    assert round_.full_result(1)["_pid"] == 7 and "_pid" not in round_.results[1]
+    round_.add_details()  # what the driver does when the detailed metrics are asked for
+    assert round_.results[2]["_hostname"] == "h"
+
+
+def test_a_report_without_a_worker_line_is_encoded_by_the_driver():
+    data = _report(x=1, secret="no")
+    round_ = decode_round("report", [data])
+    assert json.loads(round_.json_line()) == [{"x": 1, "_training_iteration": 1, "_pid": 7, "_hostname": "h"}]
