@@ -40,7 +40,9 @@ def ray_8_cpus_gpus():
     ray.shutdown()
 
 
-ray_8_cpus = ray_8_cpus_gpus
+@pytest.fixture
+def ray_8_cpus(ray_8_cpus_gpus):
+    """Horovod's ``ray_8_cpus``: the same module cluster."""
 
 
 try:
@@ -296,3 +298,248 @@ def test_both_num_workers_min_workers(ray_8_cpus):
     settings = RayExecutor.create_settings()
     with pytest.raises(ValueError, match=r"Both `min_workers` and `num_workers` provided."):
         RayExecutor(settings, min_workers=1, num_workers=1, cpus_per_worker=1)
+
+
+# --- Part 2: sgd's own ---------------------------------------------------------------------------
+
+from horovod.runner.elastic.discovery import FixedHosts  # noqa: E402  (Horovod's own discovery)
+
+from sgd_horovod import ray_logger  # noqa: E402
+from sgd_testing import wait_for  # noqa: E402
+
+DEADLINE_S = 240  # a worker stops training after this long, whatever happened (the test then fails)
+
+
+def _weight_fn(epochs, stop_when):
+    """A job whose state is checkable: every epoch adds 1 to a weight locally *before* the epoch's
+    collective, then commits. So ``weight == epoch`` holds at every commit, and after a failed
+    collective only if ``hvd.elastic.run`` restored the committed state. Each worker trains on
+    past ``epochs`` while ``stop_when(size)`` is false (until the size change the test waits for)."""
+
+    def fn():
+        import time
+
+        import horovod.torch as hvd
+        import torch
+
+        from sgd_horovod import ray_logger
+
+        hvd.init()
+        model = torch.nn.Linear(1, 1, bias=False)
+        with torch.no_grad():
+            model.weight.zero_()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        state = hvd.elastic.TorchState(model, optimizer, epoch=0)
+        started = time.monotonic()
+
+        @hvd.elastic.run
+        def train(state):
+            ray_logger.log({"enter": state.epoch, "weight": model.weight.item(), "size": hvd.size(),
+                            "rank": hvd.rank(), "pid": os.getpid()})
+            while (state.epoch < epochs or not stop_when(hvd.size())) and time.monotonic() - started < DEADLINE_S:
+                with torch.no_grad():
+                    model.weight += 1  # not committed yet
+                total = hvd.allreduce(torch.ones(1), op=hvd.Sum, name="count").item()
+                state.epoch += 1
+                ray_logger.log({"epoch": state.epoch, "weight": model.weight.item(), "size": hvd.size(),
+                                "total": total, "rank": hvd.rank(), "pid": os.getpid()})
+                state.commit()
+                time.sleep(0.05)  # pacing only: a slower loop leaves the 2 cores to the workers starting
+            return model.weight.item(), state.epoch, hvd.size()
+
+        return train(state)
+
+    return fn
+
+
+def _all_cpus_back():
+    wait_for(lambda: ray.available_resources().get("CPU", 0) == ray.cluster_resources()["CPU"], timeout=60,
+             message="the elastic job's workers did not give their CPUs back")
+
+
+def test_host_added_mid_run_joins_with_the_committed_state(ray_8_cpus):
+    """Discovery reports a third host while two workers train: rank 0 is notified, all sync at the
+    next commit, a third worker is appended to the sgd WorkerGroup on that host and starts from
+    the committed epoch and weights (broadcast by hvd.elastic's sync), and training goes on with 3."""
+    discovery = FixedHosts({"host-1": 1, "host-2": 1})
+    settings = RayExecutor.create_settings(timeout_s=60)
+    settings.discovery = discovery
+    executor = RayExecutor(settings, min_workers=2, cpus_per_worker=0.5, override_discovery=False)
+    events, sizes_seen = [], []
+
+    def on_log(info):
+        events.append(info)
+        if info.get("epoch", 0) >= 2 and len(discovery.find_available_hosts_and_slots()) == 2:
+            sizes_seen.append(len(executor.worker_group))
+            discovery.set({"host-1": 1, "host-2": 1, "host-3": 1})
+
+    executor.start()
+    try:
+        results = executor.run(_weight_fn(4, stop_when=lambda size: size == 3), callbacks=[on_log])
+    finally:
+        executor.shutdown()
+    assert sizes_seen == [2]
+    assert len(results) == 3
+    weights, epochs, sizes = zip(*results)
+    assert sizes == (3, 3, 3) and len(set(epochs)) == 1 and weights == (float(epochs[0]),) * 3
+    first_pids = {e["pid"] for e in events if e.get("enter") == 0}
+    assert len(first_pids) == 2
+    joined = [e for e in events if "enter" in e and e["pid"] not in first_pids]
+    assert len({e["pid"] for e in joined}) == 1, joined
+    assert joined[0]["enter"] >= 2 and joined[0]["weight"] == joined[0]["enter"], joined  # synced, not fresh
+    assert all(e["total"] == e["size"] for e in events if "total" in e)
+    with pytest.raises(RuntimeError, match="has no workers now"):
+        executor.worker_group  # noqa: B018  (no worker is left between runs)
+    _all_cpus_back()
+
+
+def test_worker_killed_mid_run_restores_the_committed_state(ray_8_cpus):
+    """SIGKILL one of three workers mid-epoch: the others' collective fails, hvd.elastic.run restores
+    the last commit (the weight added before the collective is rolled back), the dead worker's
+    host is blacklisted and the job goes on with 2 workers to the end."""
+    discovery = FixedHosts({"host-1": 1, "host-2": 1, "host-3": 1})
+    settings = ElasticRayExecutor.create_settings(min_num_proc=2, timeout_s=60)
+    settings.discovery = discovery
+    executor = ElasticRayExecutor(settings, cpus_per_slot=0.5, override_discovery=False)
+    events, killed = [], []
+    lock = threading.Lock()
+
+    def on_log(info):
+        with lock:
+            events.append(info)
+            if not killed and info.get("epoch", 0) >= 2 and info.get("size") == 3 and info["rank"] == 2:
+                os.kill(info["pid"], signal.SIGKILL)
+                killed.append(info["pid"])
+
+    executor.start()
+    try:
+        results = executor.run(_weight_fn(5, stop_when=lambda size: size == 2), callbacks=[on_log])
+    finally:
+        executor.shutdown()
+    assert len(killed) == 1
+    assert len(results) == 2
+    weights, epochs, sizes = zip(*results)
+    assert sizes == (2, 2) and epochs[0] == epochs[1] >= 5 and weights == (float(epochs[0]),) * 2
+    restarts = [e for e in events if "enter" in e and e["size"] == 2]
+    assert restarts, events
+    assert all(e["weight"] == e["enter"] >= 2 for e in restarts), restarts  # the committed state
+    assert all(e["pid"] != killed[0] for e in restarts)
+    assert len({e["pid"] for e in events}) == 3  # the blacklisted host got no new worker
+    assert all(e["total"] == e["size"] for e in events if "total" in e)
+    _all_cpus_back()
+
+
+def test_run_twice_and_results_in_rank_order(ray_8_cpus):
+    """A second run gets a fresh driver and fresh workers; run() passes args; values in rank order."""
+    settings = RayExecutor.create_settings()
+    settings.discovery = FixedHosts({"host-1": 2})
+    executor = RayExecutor(settings, min_workers=2, cpus_per_worker=0.5, override_discovery=False)
+    executor.start()
+
+    def rank_times(k):
+        import horovod.torch as hvd
+
+        hvd.init()
+        return hvd.rank() * k
+
+    try:
+        assert executor.run(rank_times, args=[10]) == [0, 10]
+        assert executor.run(rank_times, kwargs={"k": 3}) == [0, 3]
+    finally:
+        executor.shutdown()
+    _all_cpus_back()
+
+
+# --- errors --------------------------------------------------------------------------------------
+
+
+def test_elastic_argument_errors():
+    with pytest.raises(ValueError, match="`max_workers` provided without any positive `min_workers`"):
+        RayExecutor(max_workers=2)
+    with pytest.raises(ValueError, match="reset_limit and cooldown_range apply to elastic jobs only"):
+        RayExecutor(num_workers=2, reset_limit=1)
+    with pytest.raises(ValueError, match="min_workers must be a positive int, got 0"):
+        RayExecutor(min_workers=0)
+    with pytest.raises(ValueError, match=r"cooldown_range must be \(min, max\)"):
+        RayExecutor(min_workers=1, cooldown_range=[5, 1])
+    with pytest.raises(ValueError, match="max_workers must be None or an int >= min_workers"):
+        RayExecutor(min_workers=3, max_workers=2)
+    with pytest.raises(TypeError, match="needs a host discovery"):
+        RayExecutor(min_workers=1, override_discovery=False)
+    with pytest.raises(ValueError, match="gpus_per_slot is set, but use_gpu is False"):
+        ElasticRayExecutor(ElasticRayExecutor.create_settings(), gpus_per_slot=1)
+    with pytest.raises(ValueError, match="must reserve some CPUs"):
+        RayHostDiscovery(cpus_per_slot=0)
+    with pytest.raises(TypeError, match="ray_logger.log takes a dict"):
+        ray_logger.log("loss=1")
+
+
+def test_elastic_calls_that_do_not_apply(ray_8_cpus):
+    settings = RayExecutor.create_settings()
+    settings.discovery = FixedHosts({"host-1": 1})
+    executor = RayExecutor(settings, min_workers=1, override_discovery=False)
+    with pytest.raises(RuntimeError, match="not started; call start"):
+        executor.run(len)
+    executor.start()
+    try:
+        with pytest.raises(NotImplementedError, match="workers are ephemeral"):
+            executor.run_remote(len)
+        with pytest.raises(NotImplementedError, match="does not support execute_single"):
+            executor.execute_single(len)
+        with pytest.raises(RuntimeError, match="has no workers now"):
+            executor.workers
+    finally:
+        executor.shutdown()
+
+
+def test_too_few_slots_is_a_timeout_error(ray_8_cpus):
+    settings = RayExecutor.create_settings()
+    settings.discovery = FixedHosts({"host-1": 1})
+    executor = RayExecutor(settings, min_workers=2, elastic_timeout=2, override_discovery=False)
+    with pytest.raises(TimeoutError, match=r"did not report 2 slots \(min_workers\) within elastic_timeout=2s; "
+                                           r"it reports \{'host-1': 1\}"):
+        executor.start()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # Horovod's discovery thread
+def test_broken_discovery_is_reported_as_itself(ray_8_cpus):
+    class BrokenDiscovery:
+        def find_available_hosts_and_slots(self):
+            raise OSError("cannot read the host list")
+
+    settings = RayExecutor.create_settings()
+    settings.discovery = BrokenDiscovery()
+    executor = RayExecutor(settings, min_workers=1, override_discovery=False)
+    with pytest.raises(RuntimeError, match="host discovery BrokenDiscovery failed: OSError: cannot read the host"):
+        executor.start()
+
+
+def test_unknown_host_names_the_host_and_the_fix(ray_8_cpus):
+    settings = RayExecutor.create_settings()
+    settings.discovery = FixedHosts({"nowhere-7": 1})
+    executor = RayExecutor(settings, min_workers=1, override_discovery=False)
+    executor.start()
+    try:
+        with pytest.raises(RuntimeError, match=r"nowhere-7\[0\].*names no alive Ray node.*node:nowhere-7") as info:
+            executor.run(len)
+    finally:
+        executor.shutdown()
+    assert isinstance(info.value.__cause__, ValueError)
+
+
+def test_user_error_on_every_worker_fails_the_job_with_it_as_cause(ray_8_cpus):
+    settings = RayExecutor.create_settings()
+    settings.discovery = FixedHosts({"host-1": 1})
+    executor = RayExecutor(settings, min_workers=1, cpus_per_worker=0.5, override_discovery=False)
+
+    def bad():
+        raise KeyError("no column 'label'")
+
+    executor.start()
+    try:
+        with pytest.raises(RuntimeError, match=r"exited with non-zero status.*host-1\[0\] \(KeyError: \"no column 'label'\"\)$") as info:
+            executor.run(bad)
+    finally:
+        executor.shutdown()
+    assert isinstance(info.value.__cause__, KeyError)
+    _all_cpus_back()

@@ -387,7 +387,10 @@ class ElasticJob:
         if failed:
             name = failed[0][0]
             cause = run.errors.get(name) or _first(run.errors)
-            detail = f" ({type(cause).__name__}: {cause})" if cause is not None else ""
+            # A RayTaskError's own text is the whole remote traceback: name the user's error here,
+            # the traceback stays in the cause.
+            original = getattr(cause, "cause", None) or cause
+            detail = f" ({type(original).__name__}: {original})" if original is not None else ""
             raise RuntimeError(
                 "Horovod detected that one or more processes exited with non-zero status, thus causing the job "
                 f"to be terminated. The first process to do so was: {name}{detail}"
@@ -416,7 +419,8 @@ class ElasticJob:
                     return 1, time.time()
         except Exception as exc:
             if not any(event.is_set() for event in events):
-                logger.warning("horovod elastic: worker %s failed: %s: %s", name, type(exc).__name__, exc)
+                original = getattr(exc, "cause", None) or exc
+                logger.warning("horovod elastic: worker %s failed: %s: %s", name, type(original).__name__, original)
             with run.lock:
                 run.errors.setdefault(name, exc)
             return 1, time.time()
