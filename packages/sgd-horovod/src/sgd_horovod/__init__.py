@@ -3,8 +3,8 @@
 Importing it imports neither Horovod nor torch.
 """
 
-from sgd_horovod._horovod import INSTALL_HINT, horovod_available
 from sgd_horovod import ray_logger
+from sgd_horovod._horovod import INSTALL_HINT, horovod_available
 from sgd_horovod.config import HorovodConfig
 from sgd_horovod.elastic import ElasticRayExecutor, ElasticRayExecutorSettings, RayHostDiscovery
 from sgd_horovod.executor import HorovodWorker, RayExecutor, RayExecutorSettings

@@ -265,7 +265,9 @@ class ElasticJob:
         if executable_cls is not None and not callable(executable_cls):
             raise TypeError(f"executable_cls must be a class, got {executable_cls!r}")
         if env_vars is not None and not isinstance(env_vars, dict):
-            raise TypeError(f"extra_env_vars / env_vars must be a dict of names to values, got {type(env_vars).__name__}")
+            raise TypeError(
+                f"extra_env_vars / env_vars must be a dict of names to values, got {type(env_vars).__name__}"
+            )
         require_horovod("horovod.runner.elastic.driver", "on the driver")
         self._executable = (executable_cls, tuple(executable_args or ()), dict(executable_kwargs or {}))
         self._env = {str(k): str(v) for k, v in (env_vars or {}).items()}
@@ -624,7 +626,9 @@ class ElasticRayExecutor:
                  gpus_per_slot: Optional[float] = None, env_vars: Optional[Dict[str, Any]] = None,
                  override_discovery: bool = True):
         if gpus_per_slot and not use_gpu:
-            raise ValueError("gpus_per_slot is set, but use_gpu is False. use_gpu must be True if gpus_per_slot is set.")
+            raise ValueError(
+                "gpus_per_slot is set, but use_gpu is False. use_gpu must be True if gpus_per_slot is set."
+            )
         gpus = (gpus_per_slot or 1) if use_gpu else 0
         if override_discovery:
             settings.discovery = RayHostDiscovery(use_gpu=use_gpu, cpus_per_slot=cpus_per_slot,
@@ -669,7 +673,7 @@ def _no_executable(fn: Callable[[], Any]) -> Callable[[Any], Any]:
 
 
 def _timeout_s(settings: Any) -> float:
-    value = getattr(settings, "timeout_s", None)
+    value: Any = getattr(settings, "timeout_s", None)
     if value is None:  # Horovod's ElasticSettings: start_timeout is a Timeout object
         value = getattr(getattr(settings, "start_timeout", None), "_timeout", 30)
     return float(value)
