@@ -128,9 +128,15 @@ class RayExecutor:
     Keyword-only, as in Horovod: ``num_hosts`` and ``num_workers_per_host`` instead of
     ``num_workers`` (``num_hosts * num_workers_per_host`` workers, placed like any sgd group:
     packed, not forced to that layout); ``use_current_placement_group`` (sgd always uses an
-    enclosing placement group, such as a Tune trial's). Elastic mode (``min_workers``,
-    ``max_workers``, ...) is not available here: use ``sgd.Trainer(backend="horovod",
-    num_workers=(min, max))``.
+    enclosing placement group, such as a Tune trial's). 
+    Elastic, as in Horovod (keyword-only): ``min_workers`` (instead of ``num_workers``),
+    ``max_workers``, ``reset_limit``, ``cooldown_range`` (``(min, max)`` seconds a failed host
+    stays blacklisted), ``elastic_timeout`` (seconds to wait for ``min_workers`` slots) and
+    ``override_discovery`` (``True``: ``settings.discovery`` becomes a
+    :class:`~sgd_horovod.RayHostDiscovery` of these sizes). Then Horovod's ``ElasticDriver``
+    runs the job over ``hvd.elastic`` on workers that come and go (see
+    :mod:`sgd_horovod.elastic`); ``run``/``execute`` return the final workers' values and call
+    ``callbacks`` with every :func:`sgd_horovod.ray_logger.log` dict.
     """
 
     @classmethod
