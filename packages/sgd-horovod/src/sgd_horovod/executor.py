@@ -128,7 +128,7 @@ class RayExecutor:
     Keyword-only, as in Horovod: ``num_hosts`` and ``num_workers_per_host`` instead of
     ``num_workers`` (``num_hosts * num_workers_per_host`` workers, placed like any sgd group:
     packed, not forced to that layout); ``use_current_placement_group`` (sgd always uses an
-    enclosing placement group, such as a Tune trial's). 
+    enclosing placement group, such as a Tune trial's).
     Elastic, as in Horovod (keyword-only): ``min_workers`` (instead of ``num_workers``),
     ``max_workers``, ``reset_limit``, ``cooldown_range`` (``(min, max)`` seconds a failed host
     stays blacklisted), ``elastic_timeout`` (seconds to wait for ``min_workers`` slots) and
