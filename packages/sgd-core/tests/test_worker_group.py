@@ -286,3 +286,28 @@ def test_resizing_a_group_with_a_backend_is_refused(ray_cluster):
             wg.add_workers(1)
     finally:
         wg.shutdown()
+
+
+def test_add_workers_on_a_node_and_removal_gives_the_reservation_back(ray_cluster):
+    """``node_id=`` pins workers to a Ray node (what sgd_horovod's elastic executor places by
+    discovered host); removing every worker of an ``add_workers`` call removes its placement
+    group, so a group whose members come and go does not hold what it no longer uses."""
+    total = ray.cluster_resources()["CPU"]
+    wait_for(lambda: ray.available_resources().get("CPU", 0) == total, timeout=30)
+    node = ray.get_runtime_context().get_node_id()
+    wg = sgd.WorkerGroup(num_workers=1, num_cpus_per_worker=0.5, node_id=node)
+    try:
+        wg.add_workers(2, node_id=node)
+        assert [m.node_id for m in wg.metadata] == [node] * 3
+        wait_for(lambda: ray.available_resources().get("CPU", 0) == total - 1.5, timeout=10)
+        wg.remove_workers([1])  # one of the two added: their placement group is still in use
+        wait_for(lambda: ray.available_resources().get("CPU", 0) == total - 1.5, timeout=10)
+        wg.remove_workers([1])  # the other one: its placement group goes
+        wait_for(lambda: ray.available_resources().get("CPU", 0) == total - 0.5, timeout=10)
+        assert wg.execute(sgd.world_size) == [1]
+        with pytest.raises(ValueError, match="node_id='nope' is not an alive Ray node; alive nodes:"):
+            wg.add_workers(1, node_id="nope")
+        assert len(wg) == 1
+    finally:
+        wg.shutdown()
+    wait_for(lambda: ray.available_resources().get("CPU", 0) == total, timeout=20)

@@ -6,7 +6,7 @@ import time
 import pytest
 import ray
 
-from sgd_horovod import CollectiveInExecuteSingleError, RayExecutor, RayExecutorSettings
+from sgd_horovod import CollectiveInExecuteSingleError, RayExecutor, RayExecutorSettings, RayHostDiscovery
 
 pytestmark = pytest.mark.usefixtures("requires_horovod")
 
@@ -201,8 +201,8 @@ def test_settings_and_bad_arguments():
         RayExecutor(num_workers=2, gpus_per_worker=1)
     with pytest.raises(ValueError, match="cpus_per_worker"):
         RayExecutor(num_workers=2, cpus_per_worker=-1)
-    with pytest.raises(NotImplementedError, match="elastic"):
-        RayExecutor(min_workers=1, max_workers=2)
+    elastic = RayExecutor(min_workers=1, max_workers=2)  # Horovod's elastic mode (test_ray_elastic.py)
+    assert elastic.settings.elastic and isinstance(elastic.settings.discovery, RayHostDiscovery)
     with pytest.raises(TypeError, match="create_settings"):
         RayExecutor(settings="fast", num_workers=2)
     with pytest.raises(TypeError, match="extra_env_vars"):

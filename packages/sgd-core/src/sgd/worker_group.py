@@ -74,6 +74,8 @@ class WorkerGroup:
         there is one (a Ray Tune trial's), else one the group reserves and removes itself.
     :param placement_timeout_s: how long to wait for the cluster to place the group.
     :param preload_modules: modules every worker starts importing in the background at once.
+    :param node_id: pin every worker to this Ray node (a ``NodeID`` from ``ray.nodes()``);
+        ``None`` lets Ray place them. Not with ``placement_group=`` or inside an enclosing one.
 
     The group starts when created. Workers on one node get consecutive ranks;
     rank 0 is on the driver's node when a worker runs there.
@@ -93,6 +95,7 @@ class WorkerGroup:
         placement_timeout_s: Optional[float] = None,
         preload_modules: Tuple[str, ...] = (),
         placement_strategy: str = "PACK",
+        node_id: Optional[str] = None,
     ):
         _check_count(num_workers, "num_workers")
         if num_cpus_per_worker < 0 or num_gpus_per_worker < 0:
@@ -115,6 +118,7 @@ class WorkerGroup:
                 f"'default' (sgd reserves one itself), got {placement_group!r}"
             )
         self.placement_strategy = placement_strategy
+        self._node_id = node_id
         self.num_workers = num_workers
         self.num_cpus_per_worker = num_cpus_per_worker
         self.num_gpus_per_worker = num_gpus_per_worker
@@ -176,7 +180,7 @@ class WorkerGroup:
         if not bundle:
             raise ValueError("each worker must reserve some resource (CPU, GPU or a custom one)")
         try:
-            self._slots = self._reserve(self.num_workers, first=True)
+            self._slots = self._reserve(self.num_workers, first=True, node_id=self._node_id)
             self._start_actors()
         except BaseException:
             for actor in self.workers:  # asked for but never running: not a group
@@ -185,9 +189,12 @@ class WorkerGroup:
             self._release()
             raise
 
-    def _reserve(self, count: int, first: bool) -> List[Tuple[PlacementGroup, int]]:
+    def _reserve(self, count: int, first: bool, node_id: Optional[str] = None) -> List[Tuple[PlacementGroup, int]]:
         """Slots for ``count`` more workers: in the caller's placement group, the enclosing one
-        (a Ray Tune trial's), or a new one of ``count`` bundles that this group owns."""
+        (a Ray Tune trial's), or a new one of ``count`` bundles that this group owns (on
+        ``node_id`` when given)."""
+        if node_id is not None:
+            return self._reserve_on_node(count, node_id)
         if self._given_pg is not None:
             self._wait_for_placement(self._given_pg, self.bundle, count, owned=False)
             return [(self._given_pg, -1)] * count  # any bundle with room, as in Ray Train
@@ -206,6 +213,24 @@ class WorkerGroup:
                 return [(current, offset + i) for i in range(count)]
             return [(current, -1)] * count
         pg = placement_group([dict(self.bundle) for _ in range(count)], strategy=self.placement_strategy)
+        self._own_pgs.append(pg)
+        self._wait_for_placement(pg, self.bundle, count, owned=True)
+        return [(pg, i) for i in range(count)]
+
+    def _reserve_on_node(self, count: int, node_id: str) -> List[Tuple[PlacementGroup, int]]:
+        if self._given_pg is not None or ray.util.get_current_placement_group() is not None:
+            raise ValueError(
+                f"node_id={node_id!r} cannot be honoured inside a placement group that is not this group's own "
+                "(placement_group= or an enclosing one, such as a Ray Tune trial's); leave node_id out there"
+            )
+        alive = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
+        if node_id not in alive:
+            raise ValueError(
+                f"node_id={node_id!r} is not an alive Ray node; alive nodes: {alive} (ray.nodes()[i]['NodeID'])"
+            )
+        # Ray gives every node the label ray.io/node-id: a hard pin, unlike _soft_target_node_id.
+        pg = placement_group([dict(self.bundle) for _ in range(count)], strategy="PACK",
+                             bundle_label_selector=[{"ray.io/node-id": node_id}] * count)
         self._own_pgs.append(pg)
         self._wait_for_placement(pg, self.bundle, count, owned=True)
         return [(pg, i) for i in range(count)]
@@ -283,12 +308,13 @@ class WorkerGroup:
 
     # --- resizing (Ray Train 1.x's WorkerGroup API) ---------------------------------------
 
-    def add_workers(self, num_workers: int) -> None:
+    def add_workers(self, num_workers: int, *, node_id: Optional[str] = None) -> None:
         """Start ``num_workers`` more workers, appended after the current ones (indices
         ``len(group)`` onwards); every worker's context (world size, ranks) is updated.
 
         New workers go into the ``placement_group=`` the group was made with, or into a new
-        placement group of their own that the group removes on shutdown.
+        placement group of their own that the group removes once they are all removed (or on
+        shutdown). ``node_id`` pins them to that Ray node (not with ``placement_group=``).
 
         :raises ValueError: ``num_workers`` is not a positive int.
         :raises RuntimeError: the group is shut down, or a backend is set up on it (its
@@ -297,14 +323,19 @@ class WorkerGroup:
         """
         _check_count(num_workers, "num_workers")
         self._check_resizable("add_workers")
-        slots = self._reserve(num_workers, first=False)
-        actors, metadata = self._launch(slots)
+        slots = self._reserve(num_workers, first=False, node_id=node_id)
+        try:
+            actors, metadata = self._launch(slots)
+        except BaseException:
+            self._release_unused()
+            raise
         self._slots += slots
         self._set_order(self.workers + actors, self.metadata + metadata)
 
     def remove_workers(self, worker_indexes: List[int]) -> None:
         """Stop the workers at ``worker_indexes``; the others keep their order and are
-        renumbered from 0 (their contexts updated). Their reservation stays held until shutdown.
+        renumbered from 0 (their contexts updated). A placement group this group reserved is
+        removed once none of its workers is left; a bundle of one still in use stays held.
 
         :raises ValueError: an index is out of range or repeated, or no worker would be left
             (call :meth:`shutdown` instead).
@@ -326,7 +357,19 @@ class WorkerGroup:
             self._preloads.pop(self.workers[i]._actor_id, None)
         keep = [i for i in range(n) if i not in gone]
         self._slots = [self._slots[i] for i in keep]
+        self._release_unused()
         self._set_order([self.workers[i] for i in keep], [self.metadata[i] for i in keep])
+
+    def _release_unused(self) -> None:
+        """Remove the placement groups this group reserved that no worker uses any more."""
+        used = {id(pg) for pg, _ in self._slots}
+        unused = [pg for pg in self._own_pgs if id(pg) not in used]
+        self._own_pgs = [pg for pg in self._own_pgs if id(pg) in used]
+        for pg in unused:
+            try:
+                remove_placement_group(pg)
+            except Exception:  # the cluster may already be gone
+                logger.debug("could not remove placement group", exc_info=True)
 
     def _check_resizable(self, what: str) -> None:
         self._check_running()
@@ -351,7 +394,13 @@ class WorkerGroup:
             seen[m.node_id] = seen.get(m.node_id, 0) + 1
         self.workers, self.metadata, self.contexts = list(actors), list(metadata), contexts
         self.num_workers = len(actors)
-        ray.get([w._sgd_set_context.remote(c) for w, c in zip(self.workers, contexts)])
+        for ref in [w._sgd_set_context.remote(c) for w, c in zip(self.workers, contexts)]:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError:
+                # A worker that died since it was added: its death surfaces where it is used
+                # (its owner removes it); resizing must not fail for the live ones.
+                logger.debug("worker died before its context was updated", exc_info=True)
 
     def _assign_ranks(self, actors: List[Any], metadata: List[WorkerMetadata]) -> None:
         driver_node = ray.get_runtime_context().get_node_id()

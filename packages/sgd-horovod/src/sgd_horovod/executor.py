@@ -31,6 +31,7 @@ import ray
 from sgd.plugins import get_plugin_manager, run_backend_teardown
 from sgd.worker_group import WorkerGroup
 from sgd_horovod.config import HorovodConfig, _HorovodBackend
+from sgd_horovod.elastic import ElasticJob, RayHostDiscovery
 from sgd_horovod.single import no_collectives
 
 logger = logging.getLogger("sgd.horovod")
@@ -46,7 +47,9 @@ class RayExecutorSettings:
     :param verbose: log level of the setup (see :class:`HorovodConfig`).
     :param key: secret for Horovod's services (``None``: random).
     :param placement_group_timeout_s: how long to wait for the cluster to place the workers.
-    :param elastic: always ``False`` (kept for code that reads Horovod's settings).
+    :param elastic: ``True`` once an elastic :class:`RayExecutor` (``min_workers=...``) uses them.
+    :param discovery: the host discovery of an elastic executor: set by it (a
+        :class:`~sgd_horovod.RayHostDiscovery`) unless it is created with ``override_discovery=False``.
     """
 
     timeout_s: float = 30
@@ -55,6 +58,7 @@ class RayExecutorSettings:
     key: Optional[Union[str, bytes]] = field(default=None, repr=False)
     placement_group_timeout_s: float = 100
     elastic: bool = False
+    discovery: Any = None
 
 
 class HorovodWorker:
@@ -89,6 +93,12 @@ class HorovodWorker:
         """``func(executable)`` in this worker."""
         return func(self.executable)
 
+    def set_queue(self, queue: Any) -> None:
+        """Send this worker's :func:`sgd_horovod.ray_logger.log` dicts to ``queue`` (``None``: drop them)."""
+        from sgd_horovod import ray_logger
+
+        ray_logger.configure(queue)
+
     def execute_alone(self, func: Callable[[Any], Any], world_size: int) -> Any:
         """``func(executable)`` on this worker while the others do nothing: a Horovod collective
         inside raises :class:`~sgd_horovod.single.CollectiveInExecuteSingleError`."""
@@ -118,9 +128,15 @@ class RayExecutor:
     Keyword-only, as in Horovod: ``num_hosts`` and ``num_workers_per_host`` instead of
     ``num_workers`` (``num_hosts * num_workers_per_host`` workers, placed like any sgd group:
     packed, not forced to that layout); ``use_current_placement_group`` (sgd always uses an
-    enclosing placement group, such as a Tune trial's). Elastic mode (``min_workers``,
-    ``max_workers``, ...) is not available here: use ``sgd.Trainer(backend="horovod",
-    num_workers=(min, max))``.
+    enclosing placement group, such as a Tune trial's).
+    Elastic, as in Horovod (keyword-only): ``min_workers`` (instead of ``num_workers``),
+    ``max_workers``, ``reset_limit``, ``cooldown_range`` (``(min, max)`` seconds a failed host
+    stays blacklisted), ``elastic_timeout`` (seconds to wait for ``min_workers`` slots) and
+    ``override_discovery`` (``True``: ``settings.discovery`` becomes a
+    :class:`~sgd_horovod.RayHostDiscovery` of these sizes). Then Horovod's ``ElasticDriver``
+    runs the job over ``hvd.elastic`` on workers that come and go (see
+    :mod:`sgd_horovod.elastic`); ``run``/``execute`` return the final workers' values and call
+    ``callbacks`` with every :func:`sgd_horovod.ray_logger.log` dict.
     """
 
     @classmethod
@@ -156,19 +172,23 @@ class RayExecutor:
         elastic_timeout: int = 600,
         override_discovery: bool = True,
     ):
-        if min_workers is not None or max_workers is not None or reset_limit is not None or cooldown_range:
-            raise NotImplementedError(
-                "sgd_horovod.RayExecutor has no elastic mode (min_workers/max_workers/reset_limit/cooldown_range). "
-                "Pass num_workers, or use sgd.Trainer(backend='horovod', num_workers=(min, max), max_retries=...), "
-                "which restarts the Horovod job with as many workers as the cluster can place."
-            )
+        if max_workers is not None and (not min_workers or min_workers <= 0):
+            raise ValueError("`max_workers` provided without any positive `min_workers`. "
+                             "Elastic workloads require a positive `min_workers`")
+        if min_workers is not None and num_workers is not None:
+            raise ValueError("Both `min_workers` and `num_workers` provided. Only one of the above is allowed "
+                             "as workloads cannot be elastic and non-elastic.")
+        if min_workers is None and (reset_limit is not None or cooldown_range is not None):
+            raise ValueError("reset_limit and cooldown_range apply to elastic jobs only: pass min_workers "
+                             "(and max_workers) to make this executor elastic, or leave them out")
         self.settings = settings if settings is not None else self.create_settings()
         if not isinstance(getattr(self.settings, "timeout_s", None), (int, float)):
             raise TypeError(
                 f"settings must come from RayExecutor.create_settings() (or have a numeric timeout_s), "
                 f"got {type(self.settings).__name__}"
             )
-        self.num_workers = self._count_workers(num_workers, num_hosts, num_workers_per_host)
+        self.num_workers = (min_workers if min_workers is not None
+                            else self._count_workers(num_workers, num_hosts, num_workers_per_host))
         if isinstance(cpus_per_worker, bool) or not isinstance(cpus_per_worker, (int, float)) or cpus_per_worker < 0:
             raise ValueError(f"cpus_per_worker must be a number >= 0, got {cpus_per_worker!r}")
         if use_gpu:
@@ -189,6 +209,20 @@ class RayExecutor:
                            "enclosing placement group")
         self._group: Optional[WorkerGroup] = None
         self._config: Optional[HorovodConfig] = None
+        #: The elastic job (``min_workers=...``), else ``None``.
+        self._elastic: Optional[ElasticJob] = None
+        if min_workers is not None:
+            if override_discovery:
+                self.settings.discovery = RayHostDiscovery(use_gpu=use_gpu, cpus_per_slot=cpus_per_worker,
+                                                           gpus_per_slot=gpus or 1)
+            self.settings.elastic = True
+            self._elastic = ElasticJob(
+                getattr(self.settings, "discovery", None), min_workers, max_workers, reset_limit=reset_limit,
+                cooldown_range=cooldown_range, elastic_timeout=elastic_timeout, timeout_s=self.settings.timeout_s,
+                nics=getattr(self.settings, "nics", None), verbose=getattr(self.settings, "verbose", 1),
+                key=getattr(self.settings, "key", None), cpus_per_worker=cpus_per_worker, gpus_per_worker=gpus,
+                placement_timeout_s=getattr(self.settings, "placement_group_timeout_s", None),
+            )
 
     @staticmethod
     def _count_workers(num_workers: Optional[int], num_hosts: Optional[int], per_host: int) -> int:
@@ -219,6 +253,9 @@ class RayExecutor:
 
         :raises RuntimeError: already started (call :meth:`shutdown` first).
         """
+        if self._elastic is not None:
+            self._elastic.start(executable_cls, executable_args, executable_kwargs, extra_env_vars)
+            return
         if self._group is not None:
             raise RuntimeError("this RayExecutor is already started; call shutdown() first")
         if executable_cls is not None and not callable(executable_cls):
@@ -255,6 +292,8 @@ class RayExecutor:
 
     def shutdown(self) -> None:
         """Tear Horovod down and stop the workers. Safe to call twice; ``start()`` may follow."""
+        if self._elastic is not None:
+            self._elastic.shutdown()
         group, self._group = self._group, None
         if group is not None:
             group.shutdown()
@@ -276,6 +315,12 @@ class RayExecutor:
         return self._running()
 
     def _running(self) -> WorkerGroup:
+        if self._elastic is not None:
+            group = self._elastic.worker_group
+            if group is None:
+                raise RuntimeError("this elastic RayExecutor has no workers now: they exist only while run() or "
+                                   "execute() runs (as in Horovod)")
+            return group
         if self._group is None:
             raise RuntimeError("this RayExecutor is not started; call start() first")
         return self._group
@@ -283,19 +328,37 @@ class RayExecutor:
     # --- running code -------------------------------------------------------------------------
 
     def execute(self, fn: Callable[[Any], Any], callbacks: Optional[List[Callable]] = None) -> List[Any]:
-        """``fn(executable)`` on every worker; the results in rank order."""
+        """``fn(executable)`` on every worker; the results in rank order.
+
+        Elastic: the workers of the last rendezvous; ``callbacks`` get every dict the workers
+        send with :func:`sgd_horovod.ray_logger.log`.
+        """
+        if self._elastic is not None:
+            return self._elastic_job().run(fn, callbacks)
         _warn_callbacks(callbacks)
         return ray.get([w.execute.remote(fn) for w in self._running()])
 
     def run(self, fn: Callable[..., Any], args: Optional[Sequence] = None, kwargs: Optional[Dict[str, Any]] = None,
             callbacks: Optional[List[Callable]] = None) -> List[Any]:
-        """``fn(*args, **kwargs)`` on every worker (no executable); the results in rank order."""
+        """``fn(*args, **kwargs)`` on every worker (no executable); the results in rank order.
+
+        Elastic: as :meth:`execute`.
+        """
+        if self._elastic is not None:
+            call_args, call_kwargs = tuple(args or ()), dict(kwargs or {})
+            return self._elastic_job().run(lambda _executable: fn(*call_args, **call_kwargs), callbacks)
         _warn_callbacks(callbacks)
         return ray.get(self.run_remote(fn, args, kwargs))
 
     def run_remote(self, fn: Callable[..., Any], args: Optional[Sequence] = None,
                    kwargs: Optional[Dict[str, Any]] = None) -> List[ray.ObjectRef]:
-        """Like :meth:`run`, without waiting: one object ref per worker, in rank order."""
+        """Like :meth:`run`, without waiting: one object ref per worker, in rank order.
+
+        :raises NotImplementedError: elastic (as in Horovod: the workers come and go).
+        """
+        if self._elastic is not None:
+            raise NotImplementedError("run_remote: object refs cannot be returned from elastic runs, as the "
+                                      "workers are ephemeral; use run(), which waits and returns the values")
         return self._running().execute_async(fn, *(args or ()), **(kwargs or {}))
 
     def execute_single(self, fn: Callable[[Any], Any]) -> Any:
@@ -305,10 +368,20 @@ class RayExecutor:
         never complete: it raises
         :class:`~sgd_horovod.CollectiveInExecuteSingleError` instead of blocking.
         """
+        if self._elastic is not None:
+            raise NotImplementedError("Elastic mode does not support execute_single. Please use the execute "
+                                      "method instead")
         group = self._running()
         return ray.get(group[0].execute_alone.remote(fn, len(group)))
 
+    def _elastic_job(self) -> ElasticJob:
+        assert self._elastic is not None
+        if not self._elastic.started:
+            raise RuntimeError("this RayExecutor is not started; call start() first")
+        return self._elastic
+
     def __repr__(self) -> str:
-        state = "started" if self._group is not None else "not started"
+        started = self._group is not None or (self._elastic is not None and self._elastic.started)
+        state = "started" if started else "not started"
         return (f"RayExecutor(num_workers={self.num_workers}, cpus_per_worker={self.cpus_per_worker}, "
                 f"gpus_per_worker={self.gpus_per_worker}, {state})")
