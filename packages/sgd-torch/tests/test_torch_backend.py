@@ -18,6 +18,23 @@ def test_config_validation():
         TorchConfig(backend="carrier-pigeon")
     with pytest.raises(ValueError, match="timeout_s"):
         TorchConfig(timeout_s=0)
+    with pytest.raises(ValueError, match="keep_survivors must be True or False, got 'yes'"):
+        TorchConfig(keep_survivors="yes")
+
+
+class _Group:
+    def __init__(self, gpus):
+        self.num_gpus_per_worker = gpus
+
+
+def test_which_groups_keep_survivors():
+    from sgd_torch import TorchBackend
+
+    keeps = TorchBackend().keeps_survivors
+    assert keeps(_Group(0), TorchConfig())  # gloo on CPUs
+    assert not keeps(_Group(0), TorchConfig(keep_survivors=False))
+    assert not keeps(_Group(1), TorchConfig())  # NCCL with GPUs: every worker is replaced
+    assert keeps(_Group(1), TorchConfig(backend="gloo"))
 
 
 def _env_and_group():

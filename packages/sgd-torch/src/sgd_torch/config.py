@@ -40,12 +40,18 @@ class TorchConfig(BackendConfig):
         ``torch.distributed.init_process_group("env://")`` to the training code, as under
         ``torchrun`` (``sgd run`` uses this). A group the code leaves behind is destroyed
         before the next run and at shutdown.
+    :param keep_survivors: after a worker died, keep the workers that survived (only the
+        dead are replaced; the process group is built again on all) — with gloo; NCCL always
+        replaces every worker. ``False`` replaces every worker, for code that keeps state
+        across runs in its process (a module-level model or cache bound to the old process
+        group) that must not outlive a failure, as ``sgd_torch.v1`` does.
     """
 
     backend: Optional[str] = None
     init_method: str = "env"
     timeout_s: int = 1800
     init_process_group: bool = True
+    keep_survivors: bool = True
 
     def __post_init__(self) -> None:
         if self.init_method not in _INIT_METHODS:
@@ -56,6 +62,8 @@ class TorchConfig(BackendConfig):
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
         if not isinstance(self.init_process_group, bool):
             raise ValueError(f"init_process_group must be True or False, got {self.init_process_group!r}")
+        if not isinstance(self.keep_survivors, bool):
+            raise ValueError(f"keep_survivors must be True or False, got {self.keep_survivors!r}")
 
     @property
     def backend_cls(self) -> type:
@@ -195,9 +203,11 @@ class TorchBackend(Backend):
         """With gloo, a worker that survived a peer's death is kept: :meth:`on_start` destroys
         its process group and builds a new one with the replaced worker. NCCL communicators
         cannot be torn down safely after a peer died: every worker is replaced."""
-        assert isinstance(backend_config, TorchConfig)
+        if not isinstance(backend_config, TorchConfig):
+            return False  # a subclass configured otherwise: the safe default
         use_gpu = worker_group.num_gpus_per_worker > 0
-        return (backend_config.backend or ("nccl" if use_gpu else "gloo")) == "gloo"
+        gloo = (backend_config.backend or ("nccl" if use_gpu else "gloo")) == "gloo"
+        return backend_config.keep_survivors and gloo
 
     @staticmethod
     def encode_data(data: Any) -> Any:

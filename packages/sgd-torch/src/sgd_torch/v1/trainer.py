@@ -170,7 +170,10 @@ class TorchTrainer:
         from sgd_torch.config import TorchConfig
 
         self._trainer: Optional[sgd.Trainer] = sgd.Trainer(
-            backend=TorchConfig(backend=None if backend == "auto" else backend, timeout_s=timeout_s),
+            # Every worker is replaced after a death: each process keeps its operator (its
+            # DDP model bound to the process group, its state mid-pass) between calls.
+            backend=TorchConfig(backend=None if backend == "auto" else backend, timeout_s=timeout_s,
+                                keep_survivors=False),
             num_workers=self._num_workers,
             use_gpu=self._use_gpu,
             resources_per_worker={"CPU": num_cpus_per_worker},
