@@ -49,11 +49,26 @@ def _generated(rows: int):
     )
 
 
+def _random_rows(batch):
+    import numpy as np
+
+    data = batch["data"]
+    rng = np.random.default_rng(int(data[0, 0]) if len(data) else 0)
+    return {"data": rng.random((len(data), 256), dtype=np.float32)}  # does not compress: 1 KiB a row on disk
+
+
 def _write_parquet(rows: int, where: Path) -> str:
-    _generated(rows).write_parquet(str(where), min_rows_per_file=rows // FILES)
+    import ray.data
+
+    ray.data.range_tensor(rows, shape=(256,), override_num_blocks=FILES).map_batches(
+        _random_rows, batch_format="numpy").write_parquet(str(where), min_rows_per_file=rows // FILES)
     files = list(where.glob("*.parquet"))
     assert len(files) >= FILES, len(files)
     return str(where)
+
+
+def _log(*what) -> None:
+    print(time.strftime("%H:%M:%S"), *what, file=sys.stderr, flush=True)
 
 
 def _consume(shard, batch_size: int) -> int:
@@ -111,14 +126,18 @@ def _measure(workers: int, datasets: dict, reps: int, batch_size: int) -> list:
         for label, (make, rows) in datasets.items():
             single, single_m = [], []
             split: dict = {mode: [] for mode in MODES}
+            _log(label, workers, "materialising")
             materialised = make().materialize()
             _sgd(trainer, make(), rows, batch_size, "divided")  # warm the paths up
             _single(make(), rows, batch_size)
             for _ in range(reps):  # alternate so all see the same machine load
                 single.append(_single(make(), rows, batch_size))
+                _log(label, workers, "one process", f"{single[-1]:,.0f} rows/s")
                 for mode in MODES:
                     split[mode].append(_sgd(trainer, make(), rows, batch_size, mode))
+                    _log(label, workers, mode, f"{split[mode][-1]:,.0f} rows/s")
                 single_m.append(_single(materialised, rows, batch_size))
+                _log(label, workers, "one process, materialised", f"{single_m[-1]:,.0f} rows/s")
             del materialised
             for mode in MODES:
                 base = single_m if mode == "materialised" else single
@@ -134,11 +153,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="smaller datasets, fewer repetitions")
     args = parser.parse_args()
-    reps, rows, pq_rows, batch_size = (1, 40_000, 16_000, 512) if args.quick else (3, 200_000, 200_000, 512)
+    reps, rows, pq_rows, batch_size = (1, 40_000, 16_000, 512) if args.quick else (3, 200_000, 204_800, 512)
     # 8 logical CPUs whatever the machine: 4 workers of 1 CPU leave Ray Data 4 for its tasks.
     ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
     tmp = Path(tempfile.mkdtemp(prefix="sgd-bench-parquet-"))
     try:
+        _log("writing Parquet")
         path = _write_parquet(pq_rows, tmp)
         size_mb = sum(f.stat().st_size for f in tmp.glob("*.parquet")) / 1e6
         datasets = {
