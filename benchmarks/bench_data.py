@@ -152,8 +152,12 @@ def _measure(workers: int, datasets: dict, reps: int, batch_size: int) -> list:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="smaller datasets, fewer repetitions")
+    parser.add_argument("--reps", type=int, help="repetitions (default 3, 1 with --quick)")
+    parser.add_argument("--workers", default="2,4", help="worker counts to measure, comma-separated")
     args = parser.parse_args()
     reps, rows, pq_rows, batch_size = (1, 40_000, 16_000, 512) if args.quick else (3, 200_000, 204_800, 512)
+    reps = args.reps or reps
+    worker_counts = [int(w) for w in args.workers.split(",")]
     # 8 logical CPUs whatever the machine: 4 workers of 1 CPU leave Ray Data 4 for its tasks.
     ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
     tmp = Path(tempfile.mkdtemp(prefix="sgd-bench-parquet-"))
@@ -166,7 +170,7 @@ def main() -> int:
             f"(b) Parquet, {FILES} files, {size_mb:.0f} MB": (lambda: ray.data.read_parquet(path), pq_rows),
         }
         load_before = loadavg()
-        cases = _measure(2, datasets, reps, batch_size) + _measure(4, datasets, reps, batch_size)
+        cases = [case for workers in worker_counts for case in _measure(workers, datasets, reps, batch_size)]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         ray.shutdown()

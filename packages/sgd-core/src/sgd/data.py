@@ -190,7 +190,9 @@ def _divide(ds: Any, n: int, config: DatasetConfig) -> Optional[List[DatasetShar
     seed = None
     if config.shuffle:
         seed = config.seed if config.seed is not None else secrets.randbits(31)
-    return [DatasetShard(ds, ref, rank, n, config.equal, seed) for rank in range(n)]
+    # The CPUs free beside the workers, shared among their executors.
+    share = max(1.0, float(ray.available_resources().get("CPU", 0)) / n)
+    return [DatasetShard(ds, ref, rank, n, config.equal, seed, share) for rank in range(n)]
 
 
 def _batch_len(batch: Any) -> Optional[int]:
@@ -229,7 +231,7 @@ class DatasetShard:
     """
 
     def __init__(self, dataset: Any, units_ref: Any, rank: int, num_parts: int, equal: bool,
-                 seed: Optional[int]):
+                 seed: Optional[int], cpu_share: Optional[float] = None):
         self._dataset = dataset
         self._units_ref = units_ref
         self._units: Any = None
@@ -237,6 +239,7 @@ class DatasetShard:
         self.num_parts = num_parts
         self._equal = equal
         self._seed = seed
+        self._cpu_share = cpu_share
         self._next_epoch = 0
         self._skip = 0
         self._current: Optional[List[Optional[int]]] = None  # [epoch, rows taken] while a pass runs
@@ -273,7 +276,7 @@ class DatasetShard:
 
         epoch = self._next_epoch if epoch is None else epoch
         seed = (self._seed, epoch) if self._seed is not None else None
-        return build_part(self._dataset, self._get_units(), self.part(epoch), seed)
+        return build_part(self._dataset, self._get_units(), self.part(epoch), seed, self._cpu_share)
 
     @property
     def epoch(self) -> int:

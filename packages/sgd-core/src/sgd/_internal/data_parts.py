@@ -18,6 +18,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
+_UNIT_BYTES = 128 * 1024 * 1024  # Ray Data's default target block size
+
 #: a part: ``(unit index, first row, end row)`` per unit; ``None`` rows means the whole unit.
 Slices = List[Tuple[int, Optional[int], Optional[int]]]
 
@@ -90,8 +92,11 @@ def find_units(ds: Any, min_units: int) -> Units:
     source, _ = _chain(ds)
     if isinstance(source, Read):
         parallelism = source.parallelism if source.parallelism and source.parallelism > 0 else 0
-        # Enough read tasks that parts balance (a datasource caps this at its files or rows).
-        tasks = source.datasource.get_read_tasks(max(parallelism, min_units))
+        size = source.datasource.estimate_inmemory_data_size()
+        by_size = -(-size // _UNIT_BYTES) if size else 0
+        # Enough read tasks that parts balance and each worker's executor has several to run
+        # at once, none much above a block's size (a datasource caps this at its files or rows).
+        tasks = source.datasource.get_read_tasks(max(parallelism, min_units, by_size))
         rows = [t.metadata.num_rows for t in tasks]
         return Units("read", list(tasks), rows, [_weight(t.metadata.size_bytes) for t in tasks])
     if isinstance(source, ListFiles):
@@ -169,7 +174,8 @@ def deal(units: Units, order: Sequence[int], n: int, rank: int, equal: bool) -> 
 
 # --- building a part's dataset --------------------------------------------------------------
 
-def build_part(ds: Any, units: Units, part: Slices, shuffle_seed: Optional[Tuple[int, int]] = None) -> Any:
+def build_part(ds: Any, units: Units, part: Slices, shuffle_seed: Optional[Tuple[int, int]] = None,
+               cpu_limit: Optional[float] = None) -> Any:
     """The dataset that executes only ``part`` of ``ds``: its source cut to those units (and
     rows), the maps above unchanged; order preserved, so a pass is repeatable. With
     ``shuffle_seed``, the rows of every block are permuted too (a seed per block content)."""
@@ -194,6 +200,11 @@ def build_part(ds: Any, units: Units, part: Slices, shuffle_seed: Optional[Tuple
     context = ds.context.copy()
     context.execution_options.preserve_order = True
     context.enable_progress_bars = False  # one per worker and epoch: noise on the driver's console
+    limits = context.execution_options.resource_limits
+    if cpu_limit is not None and (limits.cpu is None or limits.cpu == float("inf")):
+        # Every worker runs an executor that would otherwise take the whole cluster's CPUs as
+        # its budget: n executors would launch n times the tasks there are CPUs for.
+        context.execution_options.resource_limits = limits.copy(cpu=cpu_limit)
     out = Dataset(LogicalPlan(new, context), context, ds._in_stats)
     if shuffle_seed is not None:
         out = out.map_batches(_ShuffleRows(shuffle_seed), batch_format="pyarrow", batch_size=None,
