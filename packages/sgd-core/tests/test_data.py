@@ -228,7 +228,11 @@ def test_every_cpu_taken_fails_fast_naming_the_fix(ray_cluster):
 
     import ray
 
-    free = int(ray.available_resources()["CPU"])  # the module's shared trainer may hold some
+    # Every CPU no placement group holds (the module's shared trainer may hold some; Ray Data
+    # tasks of earlier tests may still be finishing, so not what is available this instant).
+    groups = ray.util.placement_group_table().values()
+    held = sum(b.get("CPU", 0) for g in groups if g["state"] == "CREATED" for b in g["bundles"].values())
+    free = int(ray_cluster["CPU"] - held)
     trainer = sgd.Trainer(backend=sgd.BackendConfig(), num_workers=free)
     trainer.start()
     try:

@@ -377,9 +377,19 @@ def _named(dataset: Any, configs: Optional[Dict[str, DatasetConfig]]) -> List[Tu
     return [(ds, configs.get(name, default)) for name, ds in named]
 
 
-def shards_survive_restart(dataset: Any, configs: Optional[Dict[str, DatasetConfig]] = None) -> bool:
+def shards_survive_restart(dataset: Any, configs: Optional[Dict[str, DatasetConfig]] = None,
+                           shards: Optional[List[Any]] = None) -> bool:
     """Whether the shards made for a group can serve a restarted group of the same size: not
-    for a coordinated split (Ray Data's coordinator cannot forget a dead consumer)."""
+    for a coordinated split (Ray Data's coordinator cannot forget a dead consumer).
+
+    :param shards: what :func:`shard_datasets` made, when at hand: then its items tell (a
+        divided dataset may have fallen back to the coordinated split).
+    """
+    if shards is not None:
+        from ray.data import DataIterator
+
+        items = [v for s in shards for v in (s.values() if isinstance(s, dict) else [s])]
+        return not any(isinstance(item, DataIterator) for item in items)
     return not any(_mode(ds, config, quiet=True) == "coordinated" for ds, config in _named(dataset, configs))
 
 

@@ -182,7 +182,8 @@ class ActiveRun:
                 # Ray Data's streaming split (split="coordinated") counts a dead consumer that
                 # had reached its epoch barrier and cannot forget it: a restarted group needs a
                 # new split. Divided and materialised shards are reused as they are.
-                if not shards_survive_restart(self._spec.dataset, self._spec.dataset_config):
+                made = next(iter(self._shards.values()), None)
+                if not shards_survive_restart(self._spec.dataset, self._spec.dataset_config, made):
                     self._shards = {}
                 state = self._manager.latest()
                 if state is not None:
