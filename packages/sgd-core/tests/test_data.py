@@ -223,6 +223,16 @@ def test_fewer_workers_get_the_parts_redivided(ray_cluster):
     assert two.epoch == 0 and len(list(two.iter_rows())) == 15  # the epoch from its start
 
 
+def test_each_iteration_of_an_iter_call_is_an_epoch(ray_cluster):
+    from sgd.data import shard_datasets
+
+    shard = shard_datasets(ray_data.range(20), 2, {"default": sgd.DatasetConfig(shuffle=True, seed=0)})[0]
+    batches = shard.iter_batches(batch_size=4)  # Lightning iterates one such object every epoch
+    first = [int(i) for b in batches for i in b["id"]]
+    second = [int(i) for b in batches for i in b["id"]]
+    assert len(first) == len(second) == 10 and first != second and shard.epoch == 2
+
+
 def test_every_cpu_taken_fails_fast_naming_the_fix(ray_cluster):
     import time
 

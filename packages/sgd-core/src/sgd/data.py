@@ -320,17 +320,21 @@ class DatasetShard:
         return getattr(self.dataset(), name)
 
     def _pass(self, name: str) -> Callable[..., Any]:
-        def start(*args: Any, **kwargs: Any) -> Any:
-            epoch, skip = self._next_epoch, self._skip
-            ds = self.dataset(epoch)
-            self._next_epoch, self._skip = epoch + 1, 0
-            if name == "to_tf":
-                self._current = None
+        def passes(*args: Any, **kwargs: Any) -> Any:
+            if name == "to_tf":  # a tf.data.Dataset of this epoch's part; its position is not counted
+                ds = self.dataset(self._next_epoch)
+                self._next_epoch, self._skip, self._current = self._next_epoch + 1, 0, None
                 return ds.to_tf(*args, **kwargs)
-            state: List[Optional[int]] = [epoch, skip]
-            self._current = state
-            return self._count(getattr(ds, name)(*args, **kwargs), state, skip, rows=name == "iter_rows")
-        return start
+            return _Passes(self, name, args, kwargs)
+        return passes
+
+    def _start(self, name: str, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Iterator[Any]:
+        epoch, skip = self._next_epoch, self._skip
+        ds = self.dataset(epoch)
+        self._next_epoch, self._skip = epoch + 1, 0
+        state: List[Optional[int]] = [epoch, skip]
+        self._current = state
+        return self._count(getattr(ds, name)(*args, **kwargs), state, skip, rows=name == "iter_rows")
 
     def _count(self, items: Any, state: List[Optional[int]], skip: int, rows: bool) -> Iterator[Any]:
         for item in items:
@@ -350,6 +354,17 @@ class DatasetShard:
 
     def __repr__(self) -> str:
         return f"DatasetShard(rank={self.rank} of {self.num_parts}, next epoch {self._next_epoch})"
+
+
+class _Passes:
+    """What a shard's ``iter_*`` returns: iterable again and again (as Ray Data's), each
+    iteration one epoch of the shard (Lightning iterates one such object every epoch)."""
+
+    def __init__(self, shard: DatasetShard, name: str, args: Tuple[Any, ...], kwargs: Dict[str, Any]):
+        self._shard, self._name, self._args, self._kwargs = shard, name, args, kwargs
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._shard._start(self._name, self._args, self._kwargs)
 
 
 class _ShuffledEachEpoch:
