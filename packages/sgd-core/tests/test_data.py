@@ -104,24 +104,173 @@ def test_worker_killed_mid_run_finishes_with_full_epochs(base_trainer):
     # The shared trainer: Ray Data's own tasks need free CPUs beside the workers'.
     out, splits, seen = _run_killing_rank1_at_epoch_1(base_trainer)
     assert out == [5, 5]
+    assert splits == 1  # divided once; the restarted group got the same parts
+    assert [sorted(a + b) for a, b in seen] == [list(range(10))] * 4
+
+
+def test_coordinated_split_is_made_again_after_a_worker_dies(base_trainer):
+    out, splits, seen = _run_killing_rank1_at_epoch_1(
+        base_trainer, {"default": sgd.DatasetConfig(split="coordinated")})
+    assert out == [5, 5]
     # Split at the start and once more for the restarted group: Ray Data's streaming split
     # cannot re-admit consumers once one died at its epoch barrier.
     assert splits == 2
     assert [sorted(a + b) for a, b in seen] == [list(range(10))] * 4
 
 
+def _batches(config):
+    """Reads ``config["epochs"]`` epochs in batches of 10, reporting each batch's ids and
+    saving the shard's position with every batch; resumes from the checkpoint."""
+    shard = sgd.get_dataset_shard()
+    state = sgd.load_checkpoint()
+    if state is not None:
+        shard.load_state_dict(state["data"])
+    while shard.epoch < config["epochs"]:
+        epoch = shard.epoch
+        for batch in shard.iter_batches(batch_size=10):
+            sgd.report(epoch=epoch, ids=[int(i) for i in batch["id"]], pid=os.getpid())
+            sgd.save_checkpoint(data=shard.state_dict())
+    return shard.epoch
+
+
+def test_killed_mid_epoch_the_restarted_group_reads_the_same_parts(base_trainer):
+    dataset = ray_data.range(200, override_num_blocks=8)
+    config = {"default": sgd.DatasetConfig(shuffle=True, seed=3)}
+
+    def rounds(callbacks=()):
+        seen = []
+
+        class Keep(sgd.TrainingCallback):
+            def handle_result(self, results, **info):
+                seen.append([(r["epoch"], r["ids"]) for r in results])
+
+        base_trainer.run(_batches, config={"epochs": 2}, dataset=dataset, dataset_config=config,
+                         callbacks=[Keep(), *callbacks])
+        return seen
+
+    undisturbed = rounds()
+
+    class KillMidEpoch(sgd.TrainingCallback):
+        rounds = 0
+
+        def handle_result(self, results, **info):
+            self.rounds += 1
+            if self.rounds == 4:  # epoch 0, 40 of each worker's 100 rows taken
+                os.kill(results[1]["pid"], signal.SIGKILL)
+
+    killed = rounds([KillMidEpoch()])
+    assert killed == undisturbed  # every batch once, each worker the same rows in the same order
+    for epoch in range(2):
+        per_rank = [[i for r in killed for e, ids in [r[rank]] if e == epoch for i in ids] for rank in range(2)]
+        assert sorted(per_rank[0] + per_rank[1]) == list(range(200))  # no row lost or read twice
+        assert len(per_rank[0]) == len(per_rank[1]) == 100
+    first = [i for r in killed for e, ids in [r[0]] if e == 0 for i in ids]
+    second = [i for r in killed for e, ids in [r[0]] if e == 1 for i in ids]
+    assert first != second  # a new order each epoch
+
+
+def test_no_row_is_left_out_unless_equal_is_asked_for(base_trainer):
+    out = base_trainer.run(_epochs, config={"epochs": 1}, dataset=ray_data.range(17))
+    assert sorted(out[0][0] + out[1][0]) == list(range(17))
+    assert sorted(len(w[0]) for w in out) == [8, 9]
+    equal = base_trainer.run(_epochs, config={"epochs": 1}, dataset=ray_data.range(17),
+                             dataset_config={"default": sgd.DatasetConfig(equal=True)})
+    assert [len(w[0]) for w in equal] == [8, 8]
+    bulk = base_trainer.run(_epochs, config={"epochs": 1}, dataset=ray_data.range(17), dataset_config=BULK)
+    assert sorted(bulk[0][0] + bulk[1][0]) == list(range(17))
+    coordinated = base_trainer.run(_epochs, config={"epochs": 1}, dataset=ray_data.range(17),
+                                   dataset_config={"default": sgd.DatasetConfig(split="coordinated")})
+    assert sorted(coordinated[0][0] + coordinated[1][0]) == list(range(17))
+
+
+def test_a_plan_that_cannot_be_divided(base_trainer, caplog):
+    shuffled = ray_data.range(12).random_shuffle(seed=0)
+    with caplog.at_level("WARNING", logger="sgd"):
+        out = base_trainer.run(_epochs, config={"epochs": 1}, dataset=shuffled)
+    assert sorted(out[0][0] + out[1][0]) == list(range(12))
+    assert "streaming_split" in caplog.text and "RandomShuffle" in caplog.text
+    with pytest.raises(ValueError, match=r"split='parts'\) cannot divide this dataset.*RandomShuffle"):
+        base_trainer.run(_epochs, config={"epochs": 1}, dataset=shuffled,
+                         dataset_config={"default": sgd.DatasetConfig(split="parts")})
+    with pytest.raises(ValueError, match="is not one of True"):
+        sgd.DatasetConfig(split="even")
+
+
+def test_parts_of_in_memory_and_mapped_data(base_trainer):
+    items = ray_data.from_items([{"id": i} for i in range(11)])
+    mapped = ray_data.range(30, override_num_blocks=3).map_batches(lambda b: {"id": b["id"] * 2})
+    for ds, expected in [(items, list(range(11))), (mapped, list(range(0, 60, 2)))]:
+        out = base_trainer.run(_epochs, config={"epochs": 2}, dataset=ds)
+        for epoch in range(2):
+            assert sorted(out[0][epoch] + out[1][epoch]) == expected
+            assert abs(len(out[0][epoch]) - len(out[1][epoch])) <= 1
+
+
+def test_fewer_workers_get_the_parts_redivided(ray_cluster):
+    from sgd.data import shard_datasets
+
+    ds = ray_data.range(30, override_num_blocks=6)
+    for n in (3, 2):  # an elastic group that came back smaller: the same units, dealt anew
+        shards = shard_datasets(ds, n)
+        parts = [sorted(int(r["id"]) for r in s.iter_rows()) for s in shards]
+        assert sorted(sum(parts, [])) == list(range(30)) and {len(p) for p in parts} == {30 // n}
+    three = shard_datasets(ds, 3)[0]
+    two = shard_datasets(ds, 2)[0]
+    next(iter(three.iter_batches(batch_size=5)))
+    assert three.state_dict() == {"epoch": 0, "rows": 5, "parts": 3}
+    with pytest.warns(RuntimeWarning, match="saved with 3 workers and this group has 2"):
+        two.load_state_dict(three.state_dict())
+    assert two.epoch == 0 and len(list(two.iter_rows())) == 15  # the epoch from its start
+
+
+def test_each_iteration_of_an_iter_call_is_an_epoch(ray_cluster):
+    from sgd.data import shard_datasets
+
+    shard = shard_datasets(ray_data.range(20), 2, {"default": sgd.DatasetConfig(shuffle=True, seed=0)})[0]
+    batches = shard.iter_batches(batch_size=4)  # Lightning iterates one such object every epoch
+    first = [int(i) for b in batches for i in b["id"]]
+    second = [int(i) for b in batches for i in b["id"]]
+    assert len(first) == len(second) == 10 and first != second and shard.epoch == 2
+
+
+def test_every_cpu_taken_fails_fast_naming_the_fix(ray_cluster):
+    import time
+
+    import ray
+
+    # Every CPU no placement group holds (the module's shared trainer may hold some; Ray Data
+    # tasks of earlier tests may still be finishing, so not what is available this instant).
+    groups = ray.util.placement_group_table().values()
+    held = sum(b.get("CPU", 0) for g in groups if g["state"] == "CREATED" for b in g["bundles"].values())
+    free = int(ray_cluster["CPU"] - held)
+    trainer = sgd.Trainer(backend=sgd.BackendConfig(), num_workers=free)
+    trainer.start()
+    try:
+        t = time.monotonic()
+        with pytest.raises(sgd.ResourcesUnavailableError, match="Leave a CPU free"):
+            trainer.run(_epochs, config={"epochs": 1}, dataset=ray_data.range(4))
+        assert time.monotonic() - t < 30
+        assert trainer.run(lambda: 1) == [1] * free  # the trainer still works
+    finally:
+        trainer.shutdown()
+
+
 def test_cross_validation_folds(ray_cluster):
-    folds = sgd.cross_validation_folds(ray_data.range(12), k=3, seed=1)
-    assert len(folds) == 3
-    vals = []
-    for train, val in folds:
-        t = sorted(r["id"] for r in train.iter_rows())
-        v = sorted(r["id"] for r in val.iter_rows())
-        assert sorted(t + v) == list(range(12)) and not set(t) & set(v)
-        vals.append(v)
-    assert sorted(x for v in vals for x in v) == list(range(12))  # each row validates once
+    for rows, k in [(12, 3), (30, 3), (31, 4)]:
+        folds = sgd.cross_validation_folds(ray_data.range(rows), k=k, seed=1)
+        assert len(folds) == k
+        vals = []
+        for train, val in folds:
+            t = sorted(r["id"] for r in train.iter_rows())
+            v = sorted(r["id"] for r in val.iter_rows())
+            assert sorted(t + v) == list(range(rows)) and not set(t) & set(v)
+            vals.append(v)
+        assert sorted(x for v in vals for x in v) == list(range(rows))  # each row validates once
+        assert max(map(len, vals)) - min(map(len, vals)) <= 1  # balanced folds
     with pytest.raises(ValueError, match="k must be"):
         sgd.cross_validation_folds(ray_data.range(4), k=1)
+    with pytest.raises(ValueError, match="3 folds need at least 3 rows"):
+        sgd.cross_validation_folds(ray_data.range(2), k=3)
 
 
 BULK = {"default": sgd.DatasetConfig(streaming=False)}

@@ -7,7 +7,7 @@ from sgd.air import CheckpointConfig, DataParallelTrainer, FailureConfig, Result
 from sgd.backend import Backend, BackendConfig, BackendSpec, free_address
 from sgd.callbacks import TrainingCallback
 from sgd.checkpoint import Checkpoint, CheckpointStrategy
-from sgd.data import DatasetConfig, cross_validation_folds
+from sgd.data import DatasetConfig, DatasetShard, cross_validation_folds
 from sgd.errors import (
     CheckpointError,
     CheckpointIntegrityError,
@@ -50,6 +50,7 @@ __all__ = [
     "RunConfig",
     "ScalingConfig",
     "DatasetConfig",
+    "DatasetShard",
     "ResourcesUnavailableError",
     "Trainer",
     "TrainingCallback",

@@ -14,7 +14,7 @@ def _session_has_ray_data_shard() -> bool:
     shard = getattr(session, "dataset_shard", None) if session is not None else None
     shards = shard.values() if isinstance(shard, dict) else [shard]
     # A Ray Dataset passed to Trainer.run reaches each worker as its own streaming split.
-    return any(s is not None and type(s).__module__.startswith("ray.data") for s in shards)
+    return any(s is not None and type(s).__module__.startswith(("ray.data", "sgd.data")) for s in shards)
 
 
 def prepare_dataset_shard(tf_dataset_shard: tf.data.Dataset, already_sharded: Optional[bool] = None) -> tf.data.Dataset:

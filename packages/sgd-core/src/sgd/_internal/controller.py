@@ -26,10 +26,10 @@ from sgd._internal.protocol import DirectCheckpoint, DirectWrite, Round, detaile
 from sgd._internal.rounds import RoundCollector
 from sgd._internal.run_dir import RunDirectory
 from sgd.callbacks import TrainingCallback
-from sgd.data import DatasetConfig, shard_datasets, shards_survive_restart
+from sgd.data import DatasetConfig, data_cpu_shortfall, shard_datasets, shards_survive_restart
 from sgd.errors import TrainingFailedError, WorkerDiedError
 from sgd.plugins import get_plugin_manager
-from sgd.worker_group import WorkerGroup
+from sgd.worker_group import ResourcesUnavailableError, WorkerGroup
 
 logger = logging.getLogger("sgd")
 
@@ -154,7 +154,11 @@ class ActiveRun:
             raise RuntimeError("the trainer was shut down while a run was starting")
         n = executor.num_workers
         if spec.dataset is not None and n not in self._shards:
-            # Split once per start of the group (see _recover for why restarts split again).
+            # Split once per group size: divided shards serve a restarted group as they are (see
+            # _recover), an elastic group of another size gets parts of its own.
+            shortfall = data_cpu_shortfall(spec.dataset)
+            if shortfall is not None:
+                raise ResourcesUnavailableError(shortfall)
             hints = [m.node_id for m in group.metadata]
             self._shards = {n: shard_datasets(spec.dataset, n, spec.dataset_config, hints, list(group.workers))}
         shards = self._shards.get(n) if spec.dataset is not None else None
@@ -175,10 +179,11 @@ class ActiveRun:
             try:
                 self._executor.restart(error)
                 self._manager.remove_temporary()  # the old workers are gone, mid-write or not
-                # Ray Data's streaming split counts a dead consumer that had reached its
-                # epoch barrier and cannot forget it: a restarted group needs a new split.
-                # Materialised shards (DatasetConfig(streaming=False)) are reused.
-                if not shards_survive_restart(self._spec.dataset, self._spec.dataset_config):
+                # Ray Data's streaming split (split="coordinated") counts a dead consumer that
+                # had reached its epoch barrier and cannot forget it: a restarted group needs a
+                # new split. Divided and materialised shards are reused as they are.
+                made = next(iter(self._shards.values()), None)
+                if not shards_survive_restart(self._spec.dataset, self._spec.dataset_config, made):
                     self._shards = {}
                 state = self._manager.latest()
                 if state is not None:
