@@ -149,11 +149,24 @@ class TorchBackend(Backend):
         assert isinstance(backend_config, TorchConfig)
         use_gpu = worker_group.num_gpus_per_worker > 0
         backend = backend_config.backend or ("nccl" if use_gpu else "gloo")
+        addr, port = self._set_rendezvous_env(worker_group)
+        if not backend_config.init_process_group:
+            return  # the training code calls init_process_group("env://") itself
+        init_method = "env://" if backend_config.init_method == "env" else f"tcp://{addr}:{port}"
+        n = len(worker_group)
+        ray.get(
+            [
+                worker_group.execute_single_async(
+                    rank, _init_process_group, backend, init_method, rank, n, backend_config.timeout_s
+                )
+                for rank in range(n)
+            ]
+        )
+
+    @staticmethod
+    def _set_rendezvous_env(worker_group: WorkerGroup) -> Tuple[str, int]:
+        """torchrun's variables on every worker, with a new free port on rank 0's node."""
         addr, port = worker_group.execute_single(0, free_address)
-        if backend_config.init_method == "env":
-            init_method = "env://"
-        else:
-            init_method = f"tcp://{addr}:{port}"
         n = len(worker_group)
         refs = []
         for rank, ctx in enumerate(worker_group.contexts):
@@ -169,16 +182,7 @@ class TorchBackend(Backend):
             }
             refs.append(worker_group.execute_single_async(rank, _set_env, env))
         ray.get(refs)  # every worker has its env before any of them starts the rendezvous
-        if not backend_config.init_process_group:
-            return  # the training code calls init_process_group("env://") itself
-        ray.get(
-            [
-                worker_group.execute_single_async(
-                    rank, _init_process_group, backend, init_method, rank, n, backend_config.timeout_s
-                )
-                for rank in range(n)
-            ]
-        )
+        return addr, port
 
     @staticmethod
     def share_cuda_devices(worker_group: WorkerGroup) -> None:
@@ -193,8 +197,12 @@ class TorchBackend(Backend):
         worker_group.execute(_reset_run_state)
         if not backend_config.init_process_group:
             # The previous run's code may have left its own group: the next run's
-            # init_process_group would fail with "already initialized".
+            # init_process_group would fail with "already initialized". And each run
+            # rendezvouses at a new port: on the previous one, a rank could meet the old
+            # group's store (still held by a reference somewhere) and its stale keys, and
+            # wait forever in all_reduce for a peer that is in another group.
             worker_group.execute(_destroy_process_group)
+            self._set_rendezvous_env(worker_group)
 
     def on_shutdown(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
         worker_group.execute(_destroy_process_group)

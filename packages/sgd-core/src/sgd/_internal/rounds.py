@@ -26,6 +26,8 @@ from sgd.errors import WorkerDiedError, WorkerError
 
 #: Most items one poll returns.
 POLL_BATCH = 4096
+#: The driver waits for workers in slices this long (seconds), so that signals get through.
+WAIT_SLICE_S = 1.0
 #: After a worker error, how long to collect the reports other workers had already made.
 ERROR_DRAIN_S = 1.0
 #: An error that reads like a peer's death (its collective lost the connection) is held this
@@ -124,8 +126,14 @@ class RoundCollector:
         to return within ``timeout`` (none if it passed)."""
         waiting = [*self._inflight, *self._watches, *self._starting]
         ready, _ = ray.wait(waiting, num_returns=len(waiting), timeout=0)
-        if not ready and (timeout is None or timeout > 0):
-            ready, _ = ray.wait(waiting, num_returns=1, timeout=timeout)
+        if ready or timeout is not None:
+            if not ready and timeout is not None and timeout > 0:
+                ready, _ = ray.wait(waiting, num_returns=1, timeout=timeout)
+            return ready
+        while not ready:
+            # In slices: a signal handler (Ctrl-C, a test's timeout) runs between them, which
+            # it cannot while the thread is inside one unbounded ray.wait.
+            ready, _ = ray.wait(waiting, num_returns=1, timeout=WAIT_SLICE_S)
         return ready
 
     def _receive(self, ready: List[Any]) -> None:
