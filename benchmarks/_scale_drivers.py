@@ -95,6 +95,31 @@ def _in_thread(fn: Callable[[], Any]) -> Callable[[], Optional[str]]:
     return probe
 
 
+def recovery_loop(config: Dict[str, Any]) -> None:
+    """Announce "running, process group works" in a file, then step like a training loop (an
+    all_reduce every 20 ms) until bench_scale writes ``done``; every rank leaves at the same
+    step (the flag goes through the all_reduce). A survivor's collective fails as soon as a
+    peer dies, as in real training."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    rank = dist.get_rank()
+    folder = Path(config["dir"])
+    workload.write_json(str(folder / f"ready_{rank}_{os.getpid()}.json"),
+                        {"rank": rank, "pid": os.getpid(), "t": time.time()})
+    deadline = time.monotonic() + config["timeout_s"]
+    while True:
+        flag = torch.tensor([1.0 if (folder / "done").exists() else 0.0])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item() > 0:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank {rank}: bench_scale never wrote {folder / 'done'}")
+        time.sleep(0.02)
+
+
 def _checkpoint_state(config: Dict[str, Any]) -> Dict[str, Any]:
     return {"blob": os.urandom(config["ckpt_mb"] * MB)}
 
@@ -190,7 +215,7 @@ def run_sgd(n: int, config: Dict[str, Any], work: Path) -> Dict[str, Any]:
         folder = work / "recovery"
         folder.mkdir()
         rconfig = {"dir": str(folder), "timeout_s": config["timeout_s"]}
-        probe = _in_thread(lambda: trainer.run(workload.recovery_wait, config=rconfig))
+        probe = _in_thread(lambda: trainer.run(recovery_loop, config=rconfig))
         out.update(_watch_recovery(folder, n, config["timeout_s"], probe))
         probe.thread.join(config["timeout_s"])  # type: ignore[attr-defined]
         if probe() != "finished":
@@ -288,7 +313,7 @@ def run_ray(n: int, config: Dict[str, Any], work: Path) -> Dict[str, Any]:
     folder = work / "recovery"
     folder.mkdir()
     rconfig = {"dir": str(folder), "timeout_s": config["timeout_s"]}
-    probe = _in_thread(lambda: fit(workload.recovery_wait, rconfig, failures=1))
+    probe = _in_thread(lambda: fit(recovery_loop, rconfig, failures=1))
     out.update(_watch_recovery(folder, n, config["timeout_s"], probe))
     probe.thread.join(config["timeout_s"])  # type: ignore[attr-defined]
     if probe() != "finished":

@@ -11,7 +11,8 @@ N in 2, 4, 8, 16, 32 (``--quick``: 2 and 8) and each framework, one driver proce
   driver's CPU time per round (all of the driver process: Ray's threads included);
 - a checkpoint round: rank 0 saves 10 MB; the time ``save_checkpoint`` (sgd) / ``report(...,
   checkpoint=)`` (Ray Train) takes, that is until it is persisted;
-- recovery: SIGKILL of the last rank until all N ranks run the training function again;
+- recovery: SIGKILL of the last rank (the workers step like a training loop: an all_reduce
+  every 20 ms) until all N ranks run the training function again with a working process group;
 - resident memory per worker process.
 
 and the floor: N plain Ray actors that import torch and join one gloo group by hand.
