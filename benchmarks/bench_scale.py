@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from _results import RESULTS, loadavg, machine, save
+from bench_compare import _stop
 
 HERE = Path(__file__).resolve().parent
 DRIVERS = HERE / "_scale_drivers.py"
@@ -57,19 +57,6 @@ def _cluster() -> Any:
         cluster.add_node(num_cpus=NODE_CPUS)
     cluster.wait_for_nodes()
     return cluster
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    for sig, wait_s in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(wait_s)
-            return
-        except subprocess.TimeoutExpired:
-            pass
 
 
 def run_one(address: str, framework: str, n: int, config: Dict[str, Any], work: Path,

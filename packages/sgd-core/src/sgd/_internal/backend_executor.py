@@ -287,16 +287,7 @@ class BackendExecutor:
         wg = self.worker_group
         if wg is None:
             return True
-        from ray.exceptions import GetTimeoutError, RayError
-
-        try:
-            ray.get([w._sgd_stop.remote() for w in wg.workers], timeout=patience_s)
-            watches = [w._sgd_watch.remote() for w in wg.workers]
-            ready, _ = ray.wait(watches, num_returns=len(watches), timeout=patience_s)
-            ray.get(ready)
-            stopped = len(ready) == len(watches)
-        except (GetTimeoutError, RayError):
-            stopped = False
+        stopped = len(_idle_survivors(wg, patience_s)) == len(wg.workers)
         if stopped:
             self._dirty = False
             return True
