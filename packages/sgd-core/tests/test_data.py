@@ -304,3 +304,72 @@ def test_materialised_shards_are_reused_after_a_worker_dies(base_trainer):
     assert out == [5, 5]
     assert splits == 1  # split once; the restarted group got the same shards
     assert [sorted(a + b) for a, b in seen] == [list(range(10))] * 4
+
+
+_WITHOUT_AIOHTTP = r'''
+import sys
+import pyarrow as pa, pyarrow.parquet as pq, ray, ray.data
+import sgd
+
+folder = sys.argv[1]
+for f in range(32):  # 16 files a part: Ray Data resolves them in 8 threads
+    pq.write_table(pa.table({"id": list(range(f * 10, (f + 1) * 10))}), f"{folder}/part-{f:02d}.parquet")
+ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+
+def train_func():  # every epoch lists the part's files again: 8 listings in all
+    shard = sgd.get_dataset_shard()
+    epochs = [sorted(int(row["id"]) for row in shard.iter_rows()) for _ in range(4)]
+    assert all(e == epochs[0] for e in epochs), "the parts changed between epochs"
+    return epochs[0]
+
+trainer = sgd.Trainer(backend="base", num_workers=2)
+trainer.start()
+try:
+    out = trainer.run(train_func, dataset=ray.data.read_parquet(folder))
+finally:
+    trainer.shutdown()
+    ray.shutdown()
+assert sorted(out[0] + out[1]) == list(range(320)), out
+assert len(out[0]) == len(out[1]) == 160
+print("PARTS-OK")
+'''
+
+
+def test_parquet_parts_without_aiohttp(tmp_path):
+    """Without ``aiohttp``, Ray Data fails to list an explicit list of files in threads (the
+    racy ``HTTPFileSystem`` import); a part of a Parquet directory is such a list. A fresh
+    Ray cluster whose processes cannot import ``aiohttp`` reads the parts all the same."""
+    import subprocess
+    import sys
+
+    shadow = tmp_path / "shadow" / "aiohttp"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'aiohttp'\", name='aiohttp')\n")
+    data = tmp_path / "data"
+    data.mkdir()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(shadow.parent),
+                                                                     os.environ.get("PYTHONPATH")])))
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.run([sys.executable, "-c", _WITHOUT_AIOHTTP, str(data)], env=env, capture_output=True,
+                          text=True, timeout=240)
+    assert proc.returncode == 0 and "PARTS-OK" in proc.stdout, proc.stderr[-3000:]
+
+
+def test_a_part_starts_the_footer_readers_its_files_need(ray_cluster, tmp_path):
+    """Ray Data's Parquet listing starts a pool of footer-reading actors (32 by default) for
+    every listing, and gives them the files 10 at a time: a part of 16 files asks for 2."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from sgd._internal.data_parts import _chain, _listing_indexer
+
+    for f in range(4):
+        pq.write_table(pa.table({"id": [f]}), tmp_path / f"part-{f}.parquet")
+    indexer = _chain(ray_data.read_parquet(str(tmp_path)))[0].file_indexer
+    if not hasattr(indexer, "_num_actors"):
+        pytest.skip(f"this Ray's Parquet listing has no footer actors ({type(indexer).__name__})")
+    assert indexer._num_actors > 2
+    part = _listing_indexer(indexer, 16)
+    assert (part._num_actors, part._max_inflight_batches) == (2, 4)
+    assert _listing_indexer(indexer, 1)._num_actors == 1
+    assert indexer._num_actors > 2  # the dataset's own indexer is unchanged

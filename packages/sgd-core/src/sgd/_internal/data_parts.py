@@ -13,7 +13,9 @@ says why a plan cannot be divided, and the callers fall back to ``streaming_spli
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import zlib
 from dataclasses import dataclass
 from typing import Any, Iterator, List, Optional, Sequence, Tuple
@@ -192,7 +194,8 @@ def build_part(ds: Any, units: Units, part: Slices, shuffle_seed: Optional[Tuple
     elif units.kind == "files":
         assert isinstance(source, ListFiles)
         paths = [units.items[u] for u, _, _ in part]
-        new = dataclasses.replace(source, paths=paths, source_paths=paths, limit=None)
+        new = dataclasses.replace(source, paths=paths, source_paths=paths, limit=None,
+                                  file_indexer=_listing_indexer(source.file_indexer, len(paths)))
     else:
         new = InputData(input_data=[_slice_bundle(units.items[u], a, b) for u, a, b in part])
     for op in above:
@@ -209,6 +212,46 @@ def build_part(ds: Any, units: Units, part: Slices, shuffle_seed: Optional[Tuple
     if shuffle_seed is not None:
         out = out.map_batches(_ShuffleRows(shuffle_seed), batch_format="pyarrow", batch_size=None,
                               zero_copy_batch=True)
+    return out
+
+
+@functools.cache
+def _http_filesystem_missing() -> bool:
+    """Whether fsspec's HTTP filesystem cannot be imported (``aiohttp`` not installed)."""
+    try:
+        import fsspec.implementations.http  # noqa: F401
+    except ImportError:
+        return True
+    return False
+
+
+def _listing_indexer(indexer: Any, files: int) -> Any:
+    """The file indexer that lists a part of ``files`` files: ``indexer``, sized for a part.
+
+    - **Footer actors.** Ray Data's Parquet indexer (``FooterFileIndexer``) starts a pool
+      of footer-reading actors for every listing, 32 by default, each a new worker process,
+      and sends them the files in batches of 10 (``_footer_batch_size``). A part that
+      lists 16 files would start 32 processes to keep 2 busy, and every worker does so
+      every epoch. The pool is cut to the batches there are.
+    - **Sequential listing without aiohttp.** A part names its files one by one. Ray Data
+      resolves a list of paths in a thread pool, and each thread imports
+      ``fsspec.implementations.http``; without ``aiohttp`` one of those imports sees the
+      module another thread is failing to import and raises ``ImportError: cannot import
+      name 'HTTPFileSystem'`` (Ray 2.60: every ``read_parquet([file, ...])`` fails so, while
+      a directory lists in one thread). Then the listing is made sequential: the files are
+      already known, it only stats them.
+
+    Attributes another Ray version lacks are left alone.
+    """
+    out = copy.copy(indexer)
+    actors, batch = getattr(out, "_num_actors", None), getattr(out, "_footer_batch_size", None)
+    if isinstance(actors, int) and isinstance(batch, int) and batch > 0:
+        out._num_actors = max(1, min(actors, -(-files // batch)))
+        window = getattr(out, "_max_inflight_batches", None)
+        if isinstance(window, int):
+            out._max_inflight_batches = max(1, min(window, 2 * out._num_actors))
+    if getattr(out, "_num_workers", 1) > 1 and _http_filesystem_missing():
+        out._num_workers = 1
     return out
 
 
