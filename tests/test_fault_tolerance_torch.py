@@ -4,6 +4,7 @@ import os
 import random
 import signal
 
+import pytest
 import torch
 
 import sgd
@@ -100,3 +101,90 @@ def test_gloo_keeps_the_survivor_and_rebuilds_the_process_group(ray_cluster):
     assert all(r[0]["total"] == r[1]["total"] == 3.0 for r in rounds)  # 1 + 2, before and after
     assert final[0] == first[0]  # rank 0: the same process from start to end
     assert final[1] not in (first[1], killer.killed[0])  # rank 1: a new one
+
+
+def _step_loop(config):
+    """Step like a training loop: an all_reduce every 10 ms, a report every 10 steps."""
+    import time
+
+    import torch.distributed as dist
+
+    state = sgd.load_checkpoint() or {"step": 0}
+    step = state["step"]
+    while step < config["steps"]:
+        step += 1
+        dist.all_reduce(torch.ones(1))
+        time.sleep(0.01)
+        if step % 10 == 0:
+            sgd.report(step=step, pid=os.getpid())
+            sgd.save_checkpoint(step=step)
+    return os.getpid()
+
+
+def test_a_death_ends_every_survivors_collective_at_once(ray_cluster):
+    """4 ranks in a ring: when rank 2 dies, ranks 1 and 3 (its neighbours) see it in their
+    next all_reduce, rank 0 waits on rank 1 and 3 only. Each rank whose run fails closes its
+    process group, so rank 0's collective fails too, within the survivors' patience: all three
+    are kept and only rank 2 is new."""
+    from sgd_testing import KillWorker
+
+    trainer = sgd.Trainer(backend="torch", num_workers=4, max_retries=1, resources_per_worker={"CPU": 0.5})
+    trainer.start()
+    try:
+        first = trainer.run(_step_loop, config={"steps": 10})
+        killer = KillWorker(at=50, key="step", rank=2)
+        final = trainer.run(_step_loop, config={"steps": 150}, callbacks=[killer])
+    finally:
+        trainer.shutdown()
+    assert killer.killed == [first[2]]
+    assert [final[r] for r in (0, 1, 3)] == [first[r] for r in (0, 1, 3)], "a survivor was replaced"
+    assert final[2] != first[2]
+    assert killer.values("step")[-1] == 150
+
+
+def _fails_on_rank_0(config):
+    import torch.distributed as dist
+
+    dist.all_reduce(torch.ones(1))
+    if sgd.world_rank() == 0:
+        raise ValueError("rank 0's own mistake")
+    dist.all_reduce(torch.ones(1))  # rank 0 never joins: fails once rank 0 closes its group
+
+
+def test_the_error_that_caused_a_collective_failure_is_the_one_raised(ray_cluster):
+    """Rank 0 raises; its process group closes, so rank 1's all_reduce fails at once with a
+    gloo "connection closed". Whichever reaches the driver first, the user sees rank 0's
+    ValueError, and the next run works."""
+    trainer = sgd.Trainer(backend="torch", num_workers=2)
+    trainer.start()
+    try:
+        for _ in range(3):
+            with pytest.raises(ValueError, match="rank 0's own mistake"):
+                trainer.run(_fails_on_rank_0)
+        assert trainer.run(_sum_of_ranks) == [3.0, 3.0]
+    finally:
+        trainer.shutdown()
+
+
+def _destroys_the_group(config):
+    import torch.distributed as dist
+
+    dist.destroy_process_group()
+
+
+def _sum_of_ranks(config):
+    import torch.distributed as dist
+
+    t = torch.tensor([float(sgd.world_rank() + 1)])
+    dist.all_reduce(t)
+    return t.item()
+
+
+def test_a_run_that_destroyed_the_process_group_gets_a_new_one(ray_cluster):
+    trainer = sgd.Trainer(backend="torch", num_workers=2)
+    trainer.start()
+    try:
+        trainer.run(_destroys_the_group)
+        assert trainer.run(_sum_of_ranks) == [3.0, 3.0]
+    finally:
+        trainer.shutdown()

@@ -3,6 +3,7 @@
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -261,5 +262,51 @@ def test_a_backend_that_does_not_keep_survivors_gets_all_new_workers(ray_cluster
         trainer.run(_deterministic, config={"steps": 5}, callbacks=[killer, seen])
         pids = _pids_by_rank(seen.rounds)
         assert len(pids[0]) == 2 and len(pids[1]) == 2, pids
+    finally:
+        trainer.shutdown()
+
+
+# --- a backend's hook on a failed run (sgd.backend.on_worker_run_error) ------------------------
+
+
+def _register_marker_hooks(folder):
+    from sgd.backend import on_worker_run_error
+
+    def mark():
+        Path(folder, f"failed_{sgd.world_rank()}").touch()
+
+    def broken():
+        raise OSError("a hook that raises")
+
+    for hook in (mark, mark, broken):  # the same hook twice runs once
+        on_worker_run_error(hook)
+
+
+def test_a_failed_run_runs_the_backends_hooks_on_its_worker_first(ray_cluster, tmp_path):
+    """The hook runs on the worker whose function raised, before the driver sees the run end
+    (its mark is there when the error arrives); one that raises does not hide the error."""
+    folder = str(tmp_path)
+
+    class Marking(sgd.BackendConfig):
+        @property
+        def backend_cls(self):
+            def on_start(self, worker_group, backend_config):
+                worker_group.execute(_register_marker_hooks, folder)
+
+            return type("MarkingBackend", (sgd.Backend,), {"on_start": on_start})
+
+    def fails_on_rank_1():
+        if sgd.world_rank() == 1:
+            raise KeyError("rank 1")
+        return "fine"
+
+    trainer = sgd.Trainer(backend=Marking(), num_workers=2)
+    trainer.start()
+    try:
+        assert trainer.run(lambda: "fine") == ["fine", "fine"]
+        assert not list(tmp_path.iterdir())  # nothing failed: no hook ran
+        with pytest.raises(KeyError, match="rank 1"):
+            trainer.run(fails_on_rank_1)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["failed_1"]
     finally:
         trainer.shutdown()

@@ -9,7 +9,7 @@ configures) whose :attr:`~BackendConfig.backend_cls` names a :class:`Backend`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Type
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Type
 
 if TYPE_CHECKING:
     from sgd.worker_group import WorkerGroup
@@ -90,6 +90,23 @@ class Backend:
     def decode_checkpoint(state: Any) -> Any:
         """Undo :meth:`encode_checkpoint` on the driver."""
         return state
+
+
+def on_worker_run_error(hook: Callable[[], None]) -> None:
+    """On a worker (call it from code the backend runs there, e.g. in :meth:`Backend.on_start`
+    through ``worker_group.execute``): run ``hook()`` in the training thread whenever a
+    training function on this worker raises, before the driver learns that the run ended.
+
+    For a backend to release what the failed run holds, so that the other workers do not wait
+    for it. sgd-torch destroys a gloo process group there: peers blocked in a collective with
+    this worker then fail at once (their connections to it close) instead of at the
+    collective's timeout, and a failure spreads through the group in milliseconds. A hook
+    registered twice runs once; one that raises is logged and the run's own error is kept.
+    """
+    from sgd._internal.run_hooks import RUN_ERROR_HOOKS
+
+    if hook not in RUN_ERROR_HOOKS:
+        RUN_ERROR_HOOKS.append(hook)
 
 
 def _set_env(env: Dict[str, str]) -> None:

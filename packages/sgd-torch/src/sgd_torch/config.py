@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 
 import ray
 
-from sgd.backend import Backend, BackendConfig, free_address, share_cuda_visible_devices
+from sgd.backend import Backend, BackendConfig, free_address, on_worker_run_error, share_cuda_visible_devices
 
 if TYPE_CHECKING:
     from sgd.worker_group import WorkerGroup
@@ -44,7 +44,10 @@ class TorchConfig(BackendConfig):
         dead are replaced; the process group is built again on all) — with gloo; NCCL always
         replaces every worker. ``False`` replaces every worker, for code that keeps state
         across runs in its process (a module-level model or cache bound to the old process
-        group) that must not outlive a failure, as ``sgd_torch.v1`` does.
+        group) that must not outlive a failure, as ``sgd_torch.v1`` does. With it (and gloo),
+        a worker whose training function raised destroys its process group at once, so that
+        peers blocked in a collective with it fail within milliseconds rather than at
+        ``timeout_s``; the next run builds a new group.
     """
 
     backend: Optional[str] = None
@@ -81,7 +84,8 @@ def _set_env(env: Dict[str, str]) -> None:
     os.environ.update(env)
 
 
-def _init_process_group(backend: str, init_method: str, rank: int, world_size: int, timeout_s: int) -> None:
+def _init_process_group(backend: str, init_method: str, rank: int, world_size: int, timeout_s: int,
+                        release_on_error: bool = False) -> None:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
@@ -95,6 +99,8 @@ def _init_process_group(backend: str, init_method: str, rank: int, world_size: i
         world_size=world_size,
         timeout=timedelta(seconds=timeout_s),
     )
+    if release_on_error:
+        on_worker_run_error(_destroy_process_group)
 
 
 #: torch's global switches as this worker process had them before its first run.
@@ -116,17 +122,40 @@ def _reset_run_state() -> None:
         return
     rng, deterministic, benchmark = _FRESH_STATE
     torch.set_rng_state(rng)
-    torch.use_deterministic_algorithms(deterministic)
+    if torch.are_deterministic_algorithms_enabled() != deterministic:
+        # Only when it changed: each call (torch 2.13) leaves references to the default
+        # process group behind, which then outlives destroy_process_group (its connections
+        # stay open: see _destroy_process_group).
+        torch.use_deterministic_algorithms(deterministic)
     torch.backends.cudnn.benchmark = benchmark
 
 
 def _destroy_process_group() -> None:
+    """Also run, for gloo, when a training function raised (``on_worker_run_error``): the
+    group's connections close, so a peer blocked in a collective with this worker fails at
+    once instead of at the timeout, and the failure spreads through the group (a worker that
+    died closes its connections; a survivor next to it fails and closes its own...). The
+    survivors' runs end within milliseconds: they are kept (``keeps_survivors``).
+
+    The connections close only when nothing refers to the group any more. Calling
+    ``torch.use_deterministic_algorithms`` after the group exists leaves references behind
+    (torch 2.13); then a survivor that does not neighbour the dead worker in a collective
+    waits until it is replaced (``SGD_SURVIVOR_PATIENCE_S``)."""
     if "torch" not in sys.modules:
         return
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def _start_run() -> bool:
+    """Before a run on a worker: reset torch's state (:func:`_reset_run_state`); whether the
+    process group sgd set up is still there (a failed run destroys it)."""
+    _reset_run_state()
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
 
 
 # --- driver side -----------------------------------------------------------------
@@ -157,7 +186,8 @@ class TorchBackend(Backend):
         ray.get(
             [
                 worker_group.execute_single_async(
-                    rank, _init_process_group, backend, init_method, rank, n, backend_config.timeout_s
+                    rank, _init_process_group, backend, init_method, rank, n, backend_config.timeout_s,
+                    backend == "gloo" and backend_config.keep_survivors,
                 )
                 for rank in range(n)
             ]
@@ -194,7 +224,10 @@ class TorchBackend(Backend):
         assert isinstance(backend_config, TorchConfig)
         # Nothing of the previous run on these workers reaches this one (see _reset_run_state;
         # sgd_torch.accelerate's switch is per run already).
-        worker_group.execute(_reset_run_state)
+        grouped = worker_group.execute(_start_run)
+        if backend_config.init_process_group and not all(grouped):
+            # A run that failed on these workers destroyed its process group (gloo): a new one.
+            self.on_start(worker_group, backend_config)
         if not backend_config.init_process_group:
             # The previous run's code may have left its own group: the next run's
             # init_process_group would fail with "already initialized". And each run

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import ray
@@ -197,7 +198,7 @@ class BackendExecutor:
         assert self.backend is not None
         survivors: List[int] = []
         if wg.workers and self.backend.keeps_survivors(wg, self.backend_config):
-            survivors = _idle_survivors(wg, SURVIVOR_PATIENCE_S)
+            survivors = _idle_survivors(wg, SURVIVOR_PATIENCE_S, extend=True)
         if not survivors:
             logger.info("restarting %d workers", self.num_workers)
             wg.restart_actors()
@@ -306,25 +307,40 @@ class BackendExecutor:
 
 #: After a worker died, how long the others get to end their run (they are asked to stop at
 #: their next report; one whose collective lost its peer fails at once) before they are
-#: replaced too. Only for backends that keep survivors (:meth:`sgd.Backend.keeps_survivors`).
+#: replaced too; each run that ends meanwhile gives the rest this long again, since a failure
+#: spreads through a process group one rank at a time (see sgd.backend.on_worker_run_error).
+#: Only for backends that keep survivors (:meth:`sgd.Backend.keeps_survivors`).
 SURVIVOR_PATIENCE_S = float(os.environ.get("SGD_SURVIVOR_PATIENCE_S", "5"))
 
 
-def _idle_survivors(wg: WorkerGroup, patience_s: float) -> List[int]:
+def _idle_survivors(wg: WorkerGroup, patience_s: float, extend: bool = False) -> List[int]:
     """Indices of the workers that are alive and whose run ended within ``patience_s`` (each
-    is asked to stop first). Dead workers answer at once, with an error."""
+    is asked to stop first); with ``extend``, within ``patience_s`` of the last run that
+    ended. Dead workers answer at once, with an error."""
     from ray.exceptions import RayError
 
     stops = [w._sgd_stop.remote() for w in wg.workers]
     watches = {w._sgd_watch.remote(): i for i, w in enumerate(wg.workers)}
-    ready, _ = ray.wait(list(watches), num_returns=len(watches), timeout=patience_s)
-    alive = []
-    for ref in ready:
-        try:
-            ray.get(ref)
-            alive.append(watches[ref])
-        except RayError:
-            pass
+    waiting, alive = list(watches), []
+    deadline = time.monotonic() + patience_s
+    while waiting:
+        # Every call that has returned, else the first to return within the time left.
+        ready, waiting = ray.wait(waiting, num_returns=len(waiting), timeout=0)
+        if not ready:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            ready, waiting = ray.wait(waiting, num_returns=1, timeout=left)
+            if not ready:
+                break
+        for ref in ready:
+            try:
+                ray.get(ref)
+                alive.append(watches[ref])
+            except RayError:
+                pass
+        if ready and extend:
+            deadline = time.monotonic() + patience_s
     for ref in ray.wait(stops, num_returns=len(stops), timeout=0)[0]:  # read: no "unhandled error" logs
         try:
             ray.get(ref)

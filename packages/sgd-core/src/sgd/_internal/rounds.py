@@ -145,9 +145,15 @@ class RoundCollector:
             i = self._inflight.pop(ref)
             self._polling.discard(i)
             batch, finished, value, error = self._get_poll(ref, i)
-            if error is not None and self._error is None:
-                self._error = error
-                self._drain_deadline = time.monotonic() + ERROR_DRAIN_S
+            if error is not None:
+                if self._error is None:
+                    self._error = error
+                    self._drain_deadline = time.monotonic() + ERROR_DRAIN_S
+                elif looks_like_peer_failure(self._error) and not looks_like_peer_failure(error):
+                    # The cause beats its echo: a worker that raised releases its process
+                    # group (sgd-torch), and its peers' collectives fail with "connection
+                    # closed"; one of those can reach the driver first.
+                    self._error = error
             counts = self._kind_counts[i]
             for kind, _ in batch:
                 counts[kind] = counts.get(kind, 0) + 1
@@ -216,10 +222,21 @@ class RoundCollector:
         grace = PEER_FAILURE_GRACE_S if looks_like_peer_failure(self._error) else 0.0
         deadline = time.monotonic() + grace
         while self._watches or self._starting:
-            ready, _ = ray.wait([*self._watches, *self._starting], num_returns=1,
-                                timeout=max(0.0, deadline - time.monotonic()))
+            if looks_like_peer_failure(self._error):
+                # Take in what the other workers return meanwhile: a death (raised), or
+                # the error that caused this one (raised instead of it).
+                for i in range(len(self._workers)):
+                    if not self._done[i]:
+                        self._poll(i)
+            else:
+                deadline = min(deadline, time.monotonic())
+            waiting = [*self._watches, *self._starting, *self._inflight]
+            ready, _ = ray.wait(waiting, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
             for ref in ready:
-                self._check_watch(ref)
+                if ref in self._watches or ref in self._starting:
+                    self._check_watch(ref)
+                else:
+                    self._receive([ref])
             if time.monotonic() >= deadline:
                 break
         raise_remote(self._error)

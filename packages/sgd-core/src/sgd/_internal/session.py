@@ -36,6 +36,7 @@ from sgd._internal.protocol import (
     RemoteError,
     encode_line,
 )
+from sgd._internal.run_hooks import run_error_hooks
 
 #: How many items a worker may buffer ahead of the driver before ``report`` blocks.
 DEFAULT_MAX_PENDING = int(os.environ.get("SGD_MAX_PENDING_RESULTS", "1024"))
@@ -172,6 +173,11 @@ class Session:
                 import shutil
 
                 shutil.rmtree(self._materialized, ignore_errors=True)
+        if error is not None:
+            # Before the run shows as ended (the driver may set the framework up again then);
+            # after the except block, whose exception holds the failed call's frames (and
+            # what they hold: a process group is only closed once nothing refers to it).
+            run_error_hooks()
         with self._cv:
             self._result, self._error, self._finished = result, error, True
             self._cv.notify_all()
