@@ -73,8 +73,9 @@ def _watch_recovery(folder: Path, n: int, timeout_s: float, failed: Callable[[],
     os.kill(victim, signal.SIGKILL)
     again = wait_for(killed_at)
     (folder / "done").touch()
+    before = {e["pid"] for e in first.values()}
     return {"recovery_s": max(e["t"] for e in again.values()) - killed_at,
-            "restarted_pids": sum(1 for r in again if again[r]["pid"] != first[r]["pid"])}
+            "new_processes": sum(1 for e in again.values() if e["pid"] not in before)}
 
 
 def _in_thread(fn: Callable[[], Any]) -> Callable[[], Optional[str]]:

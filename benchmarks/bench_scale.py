@@ -89,7 +89,7 @@ def summarise(out: Dict[str, Any]) -> Dict[str, Any]:
         return out
     s = {k: out[k] for k in ("start_s", "start_run_shutdown_s", "rounds_per_s", "driver_rounds_per_s",
                              "driver_cpu_per_round_us",
-                             "recovery_s", "trivial_run_s", "shutdown_s") if k in out}
+                             "recovery_s", "new_processes", "trivial_run_s", "shutdown_s") if k in out}
     if out.get("checkpoint_s"):
         s["checkpoint_s"] = statistics.median(out["checkpoint_s"])
     if out.get("worker_rss_mb"):
@@ -106,6 +106,8 @@ def _fmt(value: Optional[float], unit: str) -> str:
         return f"{value:,.0f} µs"
     if unit == "MB":
         return f"{value:,.0f} MB"
+    if unit == "n":
+        return f"{value:.0f}"
     return f"{value:.2f} s"
 
 
@@ -117,6 +119,7 @@ ROWS = [  # (figure, label, unit, better)
     ("driver_cpu_per_round_us", "driver CPU per round (of that)", "us", "low"),
     ("checkpoint_s", "checkpoint round, rank 0 saves 10 MB", "s", "low"),
     ("recovery_s", "recovery after SIGKILL of one worker", "s", "low"),
+    ("new_processes", "worker processes that recovery started", "n", "low"),
     ("worker_rss_mb", "memory per worker process (RSS)", "MB", "low"),
 ]
 
@@ -154,7 +157,7 @@ def targets(results: Dict[str, Dict[int, Dict[str, Any]]], sizes: List[int]) -> 
         lines.append(f"- recovery at N={n}: {sgd['recovery_s'] / small['recovery_s']:.2f}× the N={min(sizes)} "
                      "recovery (target ≤ 1.5×)")
     for key, label, _, better in ROWS:
-        if key in sgd and key in ray and key != "worker_rss_mb":
+        if key in sgd and key in ray and key not in ("worker_rss_mb", "new_processes"):
             factor = ray[key] / sgd[key] if better == "low" else sgd[key] / ray[key]
             lines.append(f"- {label} at N={n}: sgd {factor:.1f}× better than Ray Train (target ≥ 5×)")
     return lines
@@ -193,6 +196,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--sizes", help="comma-separated worker counts (default 2,4,8,16,32)")
     parser.add_argument("--frameworks", default="sgd,floor,ray")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--keep", type=Path, metavar="SCALE_JSON",
+                        help="take the frameworks not measured now from this earlier scale.json (after a "
+                             "change to sgd, re-measure only sgd); the table says which run each comes from")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else ([2, 8] if args.quick else [2, 4, 8, 16, 32])
     frameworks = args.frameworks.split(",")
@@ -221,11 +227,24 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     meta = machine(nodes=NODES + 1, node_cpus=NODE_CPUS, sizes=sizes, quick=args.quick,
                    loadavg_end=loadavg(), **{k: v for k, v in config.items() if k != "cpu_per_worker"})
+    provenance = ""
+    if args.keep:
+        earlier = json.loads(args.keep.read_text())
+        kept = [fw for fw in earlier["results"] if fw not in frameworks]
+        for fw in kept:
+            results[fw] = {int(n): r for n, r in earlier["results"][fw].items()}
+            raw[fw] = {int(n): r for n, r in earlier.get("raw", {}).get(fw, {}).items()}
+        meta["kept"] = {fw: earlier["machine"]["date"] for fw in kept}
+        meta["kept_machine"] = earlier["machine"]
+        provenance = (f" {', '.join(LABEL[fw] for fw in kept)}: measured {earlier['machine']['date']} (load at "
+                      f"the end {earlier['machine'].get('loadavg_end')}); {', '.join(LABEL[fw] for fw in frameworks)}: "
+                      f"measured {meta['date']}, same machine and cluster layout.")
     body = table(results, sizes)
     goal = targets(results, sizes)
     markdown = (f"# Scale: sgd and Ray Train from {min(sizes)} to {max(sizes)} workers\n\n"
                 f"{NODES} simulated nodes + head on one machine ({meta['cpus']} cores, load at the end "
-                f"{meta['loadavg_end']}); workers spread over the nodes.\n\n{body}\n" + "\n".join(goal) + "\n")
+                f"{meta['loadavg_end']}); workers spread over the nodes.{provenance}\n\n{body}\n"
+                + "\n".join(goal) + "\n")
     save("scale", {"machine": meta, "results": results, "raw": raw}, markdown, args.out)
     plotted = plot(results, args.out / "scale.png")
     print(markdown)
