@@ -181,6 +181,27 @@ def test_peer_failure_error_without_a_death_is_raised(trainer_factory, tmp_path,
     assert time.monotonic() - start >= 1.0  # held for the grace period, then raised as is
 
 
+def _echo_first_then_cause(config):
+    """Rank 1 fails like a collective whose peer closed its group; rank 0, the cause,
+    raises a moment later (its run ends as its error is polled: both reach the driver
+    together)."""
+    if sgd.world_rank() == 1:
+        raise RuntimeError("[gloo/transport/tcp/pair.cc:537] Read error: Connection reset by peer")
+    time.sleep(config["delay"])  # the ordering under test, not a wait for a condition
+    raise ValueError("rank 0's own mistake")
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.2, 0.5])
+def test_the_cause_is_raised_even_when_its_run_ends_before_its_poll_returns(trainer_factory, delay):
+    """The echo arrives first and holds the error; rank 0's run then ends with the cause.
+    The driver must take in rank 0's error before it raises, whatever order rank 0's end
+    and its error reach it in (CI once raised the echo)."""
+    trainer = trainer_factory()
+    for _ in range(3):
+        with pytest.raises(ValueError, match="rank 0's own mistake"):
+            trainer.run(_echo_first_then_cause, config={"delay": delay})
+
+
 # --- restarting only what died (issue 20) -----------------------------------------------------
 
 

@@ -221,7 +221,9 @@ class RoundCollector:
         assert self._error is not None
         grace = PEER_FAILURE_GRACE_S if looks_like_peer_failure(self._error) else 0.0
         deadline = time.monotonic() + grace
-        while self._watches or self._starting:
+        while self._watches or self._starting or (looks_like_peer_failure(self._error) and not all(self._done)):
+            # While the error may be an echo, a worker whose run ended is not yet heard from
+            # until its poll returns: its end can reach the driver before its error does.
             if looks_like_peer_failure(self._error):
                 # Take in what the other workers return meanwhile: a death (raised), or
                 # the error that caused this one (raised instead of it).
