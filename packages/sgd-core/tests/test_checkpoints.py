@@ -276,6 +276,36 @@ def test_results_and_status_persisted(trainer):
     assert json.loads((trainer.latest_run_dir / "status.json").read_text())["status"] == "ERRORED"
 
 
+def _many_reports_then_a_checkpoint():
+    """Hundreds of reports between checkpoints, so that the driver's polls run ahead of the
+    rounds it hands out; each save/report-with-checkpoint must still return only once that
+    checkpoint is on disk, and the reports between them arrive complete and in order."""
+    seen = []
+    for step in range(1, 4):
+        for i in range(300):
+            sgd.report(step=step, i=i)
+        if step == 2:
+            with sgd.Checkpoint.from_dict({"step": step}).as_directory() as d:
+                sgd.report({"step": step, "i": 300}, checkpoint=sgd.Checkpoint.from_directory(d))
+        else:
+            sgd.save_checkpoint(step=step)
+        seen.append(len(checkpoint_dirs(Path(sgd.get_context().get_trial_dir(), "checkpoints"))))
+    return seen
+
+
+def test_a_checkpoint_returns_only_once_persisted_while_polls_run_ahead(trainer):
+    rounds = []
+
+    class Count(sgd.TrainingCallback):
+        def handle_result(self, results, **info):
+            rounds.append((results[0]["step"], results[0]["i"], results[1]["i"]))
+
+    out = trainer.run(_many_reports_then_a_checkpoint, callbacks=[Count()])
+    assert out == [[1, 2, 3]] * 2
+    expected = [(s, i, i) for s in (1, 2, 3) for i in range(300 + (s == 2))]
+    assert rounds == expected
+
+
 @pytest.mark.parametrize("kind", ["memory", "file", "path"])
 def test_storage_path_mirrors_kept_checkpoints(ray_cluster, tmp_path, kind):
     pytest.importorskip("pyarrow")

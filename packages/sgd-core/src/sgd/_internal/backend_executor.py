@@ -173,6 +173,7 @@ class BackendExecutor:
         old = self.worker_group
         assert old is not None
         replaced: Optional[List[int]] = None
+        begun = time.monotonic()
         with _deaths_as_errors(None, "restarting"):
             if self.min_workers == self.max_workers:
                 replaced = self._replace_failed(old)
@@ -186,7 +187,10 @@ class BackendExecutor:
                 self.worker_group = self._new_worker_group(ours)
                 self.worker_group.backend = self.backend
                 self.worker_group.add_shutdown_hook(self._teardown)
+        placed = time.monotonic()
         self._setup(replaced)
+        logger.info("restart: %.2fs to stop the runs and place the new workers, %.2fs to set the backend up",
+                    placed - begun, time.monotonic() - placed)
 
     def _replace_failed(self, wg: WorkerGroup) -> Optional[List[int]]:
         """Replace the workers of a fixed-size group after a failure: only the ones that died
@@ -197,8 +201,11 @@ class BackendExecutor:
         """
         assert self.backend is not None
         survivors: List[int] = []
+        begun = time.monotonic()
         if wg.workers and self.backend.keeps_survivors(wg, self.backend_config):
             survivors = _idle_survivors(wg, SURVIVOR_PATIENCE_S, extend=True)
+            logger.info("restart: %d of %d runs ended within %.2fs", len(survivors), len(wg),
+                        time.monotonic() - begun)
         if not survivors:
             logger.info("restarting %d workers", self.num_workers)
             wg.restart_actors()

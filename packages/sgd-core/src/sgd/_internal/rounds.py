@@ -20,12 +20,15 @@ from typing import Any, Deque, Dict, List, Optional, Tuple
 import ray
 from ray.exceptions import RayActorError
 
-from sgd._internal.protocol import CHECKPOINT, RemoteError, Round, decode_round
+from sgd._internal.protocol import CHECKPOINT, CHECKPOINT_KEY, REPORT, RemoteError, Round, decode_round
 from sgd._internal.unsendable import recover_poll
 from sgd.errors import WorkerDiedError, WorkerError
 
 #: Most items one poll returns.
 POLL_BATCH = 4096
+#: A worker's next poll is sent as soon as its batch arrives (while the driver works through the
+#: batch, the worker encodes the next one) unless the driver already holds this many of its items.
+PREFETCH_BELOW = 4096
 #: The driver waits for workers in slices this long (seconds), so that signals get through.
 WAIT_SLICE_S = 1.0
 #: After a worker error, how long to collect the reports other workers had already made.
@@ -63,6 +66,15 @@ def raise_remote(err: RemoteError) -> None:
         exc.add_note(f"[sgd] raised on {head.split(' raised ')[0]}; remote traceback above")
     exc.sgd_world_rank = err.world_rank  # type: ignore[attr-defined]
     raise exc from cause
+
+
+def _awaits_ack(batch: List[Tuple[str, Any]]) -> bool:
+    """Whether the batch ends with an item its worker waits on (a checkpoint): the worker's next
+    poll tells it the driver persisted that item, so it is sent only once the driver has."""
+    if not batch:
+        return False
+    kind, data = batch[-1]
+    return kind == CHECKPOINT or (kind == REPORT and isinstance(data, dict) and CHECKPOINT_KEY in data)
 
 
 class RoundCollector:
@@ -161,6 +173,8 @@ class RoundCollector:
             if finished:
                 self._done[i] = True
                 self.returns[i] = value
+            elif error is None and len(self._pending[i]) < PREFETCH_BELOW and not _awaits_ack(batch):
+                self._poll(i)
 
     def _poll(self, i: int) -> None:
         """Open a poll on worker ``i`` unless one is open (or its run has not started yet)."""
