@@ -18,9 +18,11 @@ from sgd.errors import (
 )
 from sgd.hookspecs import hookimpl
 from sgd.session import (
+    PreemptionInfo,
     get_checkpoint,
     get_context,
     get_dataset_shard,
+    get_preemption_info,
     load_checkpoint,
     local_rank,
     local_world_size,
@@ -51,6 +53,7 @@ __all__ = [
     "ScalingConfig",
     "DatasetConfig",
     "DatasetShard",
+    "PreemptionInfo",
     "ResourcesUnavailableError",
     "Trainer",
     "TrainingCallback",
@@ -65,6 +68,7 @@ __all__ = [
     "get_checkpoint",
     "get_context",
     "get_dataset_shard",
+    "get_preemption_info",
     "hookimpl",
     "load_checkpoint",
     "local_rank",

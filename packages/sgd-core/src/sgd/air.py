@@ -90,13 +90,21 @@ class CheckpointConfig:
 
 @dataclass
 class FailureConfig:
-    """:param max_failures: worker-group failures to recover from; ``-1`` is unlimited."""
+    """:param max_failures: worker-group failures to recover from; ``-1`` is unlimited.
+    :param placement_timeout_s: how long a (re)start waits for room for the workers (after a
+        host is lost: for it or another to come back) before it fails; ``None``: 120 s
+        (``SGD_PLACEMENT_TIMEOUT_S``). See :class:`sgd.Trainer`.
+    """
 
     max_failures: int = 0
+    placement_timeout_s: Optional[float] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_failures, int) or isinstance(self.max_failures, bool) or self.max_failures < -1:
             raise ValueError(f"max_failures must be an int >= -1 (-1: unlimited), got {self.max_failures!r}")
+        t = self.placement_timeout_s
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not t >= 0):
+            raise ValueError(f"placement_timeout_s must be a number of seconds >= 0 or None, got {t!r}")
 
 
 @dataclass
@@ -304,11 +312,14 @@ class DataParallelTrainer:
         from sgd.trainer import Trainer
 
         sc = self.scaling_config
-        failures = (self.run_config.failure_config or FailureConfig()).max_failures
+        failure_config = self.run_config.failure_config or FailureConfig()
+        failures = failure_config.max_failures
         if self._restore_run_dir is not None:
             trainer = Trainer.restore(self._restore_run_dir, backend=self.backend_config,
                                       trusted=self.__dict__.get("_restore_trusted"))
             trainer.max_retries = failures
+            if failure_config.placement_timeout_s is not None:
+                trainer.placement_timeout_s = float(failure_config.placement_timeout_s)
             return trainer
         logdir, mirror = self._experiment_dir()
         return Trainer(
@@ -320,6 +331,7 @@ class DataParallelTrainer:
             max_retries=failures,
             storage_path=mirror,
             placement_strategy=sc.placement_strategy,
+            placement_timeout_s=failure_config.placement_timeout_s,
         )
 
     def fit(self) -> Result:

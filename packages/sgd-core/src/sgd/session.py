@@ -13,7 +13,7 @@ from __future__ import annotations
 import warnings
 from typing import Any, Dict, Optional
 
-from sgd._internal.session import STATE, Session, WorkerContext
+from sgd._internal.session import STATE, PreemptionInfo, Session, WorkerContext
 
 __all__ = [
     "report",
@@ -28,6 +28,8 @@ __all__ = [
     "get_dataset_shard",
     "get_context",
     "get_session",
+    "get_preemption_info",
+    "PreemptionInfo",
 ]
 
 
@@ -176,3 +178,26 @@ def get_context() -> WorkerContext:
     ``get_experiment_name()``, ``get_trial_dir()`` (the run directory, on the driver's node),
     ``get_trial_name()`` and ``get_trial_id()`` (the Ray Tune trial's, else ``None``)."""
     return _context()
+
+
+def get_preemption_info() -> Optional[PreemptionInfo]:
+    """Whether a host of this job is going away: a :class:`sgd.PreemptionInfo` (its
+    ``deadline``, ``seconds_left``, the host's ``node_ip`` and ``node_id``), else ``None``.
+
+    When Ray marks a host of the group as draining (``ray drain-node``, a cloud preemption
+    notice, KubeRay's scale-down), every worker of the group, not only those on that host,
+    sees the notice from the same report on, so a decision taken on it is the same on every
+    rank::
+
+        for epoch in range(start, epochs):
+            train_one_epoch()
+            sgd.report(loss=loss)
+            if epoch % 10 == 9 or sgd.get_preemption_info():
+                sgd.save_checkpoint(epoch=epoch, model=model.state_dict())
+
+    sgd moves the workers off the draining host right after the next checkpoint (without
+    counting a failure against ``max_retries``); see docs/clusters.md.
+
+    :raises RuntimeError: called outside a training function.
+    """
+    return _session("get_preemption_info").preemption_info()  # type: ignore[no-any-return]

@@ -59,6 +59,10 @@ class Trainer:
         such as ``s3://bucket/prefix``), under ``<logdir name>/run_NNN/checkpoints/``.
     :param placement_strategy: how the workers' placement group spreads them over nodes
         (``"PACK"``, ``"SPREAD"``, ``"STRICT_PACK"``, ``"STRICT_SPREAD"``).
+    :param placement_timeout_s: how long starting or restarting the workers waits for the
+        cluster to have room for them (after a host is lost: for it, or another, to come back),
+        logging what is missing and where, before it fails with
+        :class:`~sgd.ResourcesUnavailableError`. ``None``: ``SGD_PLACEMENT_TIMEOUT_S`` (120 s).
     """
 
     def __init__(
@@ -72,7 +76,15 @@ class Trainer:
         *,
         storage_path: Optional[str] = None,
         placement_strategy: str = "PACK",
+        placement_timeout_s: Optional[float] = None,
     ):
+        if placement_timeout_s is not None and (
+            isinstance(placement_timeout_s, bool) or not isinstance(placement_timeout_s, (int, float))
+            or not placement_timeout_s >= 0
+        ):
+            raise ValueError(
+                f"placement_timeout_s must be a number of seconds >= 0 or None, got {placement_timeout_s!r}")
+        self.placement_timeout_s = None if placement_timeout_s is None else float(placement_timeout_s)
         self._min_workers, self._max_workers = resolve_num_workers(num_workers)
         from sgd.worker_group import PLACEMENT_STRATEGIES
 
@@ -180,6 +192,7 @@ class Trainer:
             max_retries=settings["max_retries"],
             storage_path=settings.get("storage_path"),
             placement_strategy=settings.get("placement_strategy", "PACK"),
+            placement_timeout_s=settings.get("placement_timeout_s"),
         )
         trainer._resume_run = run
         return trainer
@@ -188,7 +201,8 @@ class Trainer:
 
     def _make_controller(self) -> RunController:
         executor = BackendExecutor(self._backend_config, self._max_workers, self._resources,
-                                   min_workers=self._min_workers, placement_strategy=self.placement_strategy)
+                                   min_workers=self._min_workers, placement_strategy=self.placement_strategy,
+                                   placement_timeout_s=self.placement_timeout_s)
         return RunController(executor, self.max_retries)
 
     def _settings(self) -> Dict[str, Any]:
@@ -204,6 +218,7 @@ class Trainer:
             "max_retries": self.max_retries,
             "storage_path": self.storage_path,
             "placement_strategy": self.placement_strategy,
+            "placement_timeout_s": self.placement_timeout_s,
         }
 
     def start(self, initialization_hook: Optional[Callable[[], Any]] = None) -> None:

@@ -10,12 +10,13 @@ import logging
 import os
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, Iterator, List, Optional, Tuple, Union
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from sgd._internal.nodes import avoid_selector
 from sgd._internal.session import WorkerContext
 from sgd.utils import ensure_ray
 
@@ -76,6 +77,9 @@ class WorkerGroup:
     :param preload_modules: modules every worker starts importing in the background at once.
     :param node_id: pin every worker to this Ray node (a ``NodeID`` from ``ray.nodes()``);
         ``None`` lets Ray place them. Not with ``placement_group=`` or inside an enclosing one.
+    :param avoid_nodes: Ray node ids (hex) to keep the workers off: hosts known to be lost
+        or draining that Ray still offers. Honoured for the placement group the group reserves
+        itself (not inside ``placement_group=`` or an enclosing one).
 
     The group starts when created. Workers on one node get consecutive ranks;
     rank 0 is on the driver's node when a worker runs there.
@@ -96,6 +100,7 @@ class WorkerGroup:
         preload_modules: Tuple[str, ...] = (),
         placement_strategy: str = "PACK",
         node_id: Optional[str] = None,
+        avoid_nodes: Optional[Collection[str]] = None,
     ):
         _check_count(num_workers, "num_workers")
         if num_cpus_per_worker < 0 or num_gpus_per_worker < 0:
@@ -119,6 +124,7 @@ class WorkerGroup:
             )
         self.placement_strategy = placement_strategy
         self._node_id = node_id
+        self._avoid_nodes = frozenset(avoid_nodes or ())
         self.num_workers = num_workers
         self.num_cpus_per_worker = num_cpus_per_worker
         self.num_gpus_per_worker = num_gpus_per_worker
@@ -212,7 +218,9 @@ class WorkerGroup:
                 offset = len(specs) - count
                 return [(current, offset + i) for i in range(count)]
             return [(current, -1)] * count
-        pg = placement_group([dict(self.bundle) for _ in range(count)], strategy=self.placement_strategy)
+        selector = avoid_selector(self._avoid_nodes)
+        pg = placement_group([dict(self.bundle) for _ in range(count)], strategy=self.placement_strategy,
+                             bundle_label_selector=[dict(selector) for _ in range(count)] if selector else None)
         self._own_pgs.append(pg)
         self._wait_for_placement(pg, self.bundle, count, owned=True)
         return [(pg, i) for i in range(count)]
@@ -236,7 +244,7 @@ class WorkerGroup:
         return [(pg, i) for i in range(count)]
 
     def _wait_for_placement(self, pg: PlacementGroup, bundle: Dict[str, float], count: int, owned: bool) -> None:
-        feasible, why = _feasible(bundle, count) if owned else (True, "")
+        feasible, why = _feasible(bundle, count, self._avoid_nodes) if owned else (True, "")
         timeout = self._placement_timeout_s
         if timeout is None:
             timeout = placement_timeout_s() if feasible else infeasible_timeout_s()
@@ -248,16 +256,18 @@ class WorkerGroup:
                 return
             if time.monotonic() >= deadline:
                 break
-            logger.warning("waiting for resources for %d workers of %s", count, bundle)
+            logger.warning("waiting for resources for %d workers of %s; %s", count, bundle,
+                           capacity_summary(bundle, self._avoid_nodes))
         if not owned:
             raise ResourcesUnavailableError(
                 f"the placement group passed as placement_group= was not ready within {timeout:.0f}s; "
                 "check that the cluster can hold its bundles (ray.util.placement_group_table())."
             )
-        feasible, why = _feasible(bundle, count)
+        feasible, why = _feasible(bundle, count, self._avoid_nodes)
         raise ResourcesUnavailableError(
             f"could not place {count} workers of {bundle} within {timeout:.0f}s: "
             + (why if not feasible else "the resources exist but are in use by other work")
+            + f" ({capacity_summary(bundle, self._avoid_nodes)})"
             + ". Ask for fewer workers or resources per worker, or add nodes to the cluster."
         )
 
@@ -601,9 +611,34 @@ class WorkerGroup:
         return f"WorkerGroup(num_workers={self.num_workers}, bundle={self.bundle}, {state})"
 
 
-def _feasible(bundle: Dict[str, float], n: int) -> tuple[bool, str]:
+def capacity_summary(bundle: Dict[str, float], avoid: Collection[str] = ()) -> str:
+    """Where workers of ``bundle`` could go now: per alive host, how many fit in its free
+    resources; hosts being avoided (lost or draining) and dead ones are named as such."""
+    from ray._private.state import available_resources_per_node
+
+    need = {k: v for k, v in bundle.items() if v > 0}
+    free = available_resources_per_node()
+    parts, unusable = [], []
+    for node in ray.nodes():
+        node_id, ip = node.get("NodeID", ""), node.get("NodeManagerAddress", "?")
+        if not node.get("Alive"):
+            continue
+        if node_id in avoid:
+            unusable.append(f"{ip} (lost or draining)")
+            continue
+        avail = free.get(node_id, {})
+        fit = min((int((avail.get(k, 0) + 1e-9) // v) for k, v in need.items()), default=0)
+        if node.get("Resources", {}).get("CPU", 0) or fit:
+            parts.append(f"{ip}: {fit}")
+    text = "workers that fit now, per host: " + (", ".join(parts) if parts else "none")
+    if unusable:
+        text += "; not used: " + ", ".join(unusable)
+    return text
+
+
+def _feasible(bundle: Dict[str, float], n: int, avoid: Collection[str] = ()) -> tuple[bool, str]:
     """Whether the cluster as it is now could ever hold ``n`` bundles (ignoring current use)."""
-    nodes = [node for node in ray.nodes() if node.get("Alive")]
+    nodes = [node for node in ray.nodes() if node.get("Alive") and node.get("NodeID") not in avoid]
     totals: Dict[str, float] = {}
     fits_one_node = False
     for node in nodes:

@@ -14,20 +14,21 @@ import contextlib
 import logging
 import os
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set
 
 import ray
 from ray.exceptions import RayActorError
 
+from sgd._internal.nodes import NodeWatch
 from sgd._internal.protocol import DirectWrite
 from sgd._internal.rounds import RoundCollector, short_error
-from sgd._internal.scaling import placeable_workers
+from sgd._internal.scaling import fitting_workers, placeable_workers
 from sgd._internal.session import DEFAULT_MAX_PENDING
 from sgd.backend import Backend, BackendConfig
 from sgd.errors import WorkerDiedError
 from sgd.plugins import get_plugin_manager, run_backend_teardown
 from sgd.utils import ensure_ray
-from sgd.worker_group import WorkerGroup
+from sgd.worker_group import ResourcesUnavailableError, WorkerGroup, placement_timeout_s
 
 logger = logging.getLogger("sgd")
 
@@ -48,6 +49,7 @@ class BackendExecutor:
         max_pending: int = DEFAULT_MAX_PENDING,
         min_workers: Optional[int] = None,
         placement_strategy: str = "PACK",
+        placement_timeout_s: Optional[float] = None,
     ):
         self.backend_config = backend_config
         self.placement_strategy = placement_strategy
@@ -56,6 +58,11 @@ class BackendExecutor:
         self.num_workers = num_workers
         self.resources_per_worker = dict(resources_per_worker)
         self.max_pending = max_pending
+        #: How long a (re)start waits for the cluster to place the group; ``None``: the
+        #: ``SGD_PLACEMENT_TIMEOUT_S`` default (see :func:`sgd.worker_group.placement_timeout_s`).
+        self.placement_timeout_s = placement_timeout_s
+        #: Hosts found lost (before Ray declares them dead) and draining: placements avoid them.
+        self.nodes = NodeWatch()
         self.worker_group: Optional[WorkerGroup] = None
         #: The group's backend; ``None`` while no group is up.
         self.backend: Optional[Backend] = None
@@ -107,19 +114,46 @@ class BackendExecutor:
         wg.add_shutdown_hook(self._teardown)
         return wg
 
-    def _new_worker_group(self, ours: Optional[Dict[str, int]] = None) -> WorkerGroup:
+    def _new_worker_group(self, ours: Optional[Dict[str, int]] = None, restarting: bool = False) -> WorkerGroup:
+        """Place a new group: ``num_workers`` of them, or for an elastic group as many as fit
+        now (at least ``min_workers``), off the hosts found lost or draining.
+
+        :param ours: node id → workers of the group being replaced, whose resources count as free.
+        :param restarting: after a failure: wait up to the placement timeout even where the
+            cluster lacks the resources now (a lost host may come back, an autoscaler may add one).
+        """
+        avoid = self.nodes.avoid() if (restarting or self.min_workers != self.max_workers) else set()
+        timeout = self.placement_timeout_s
+        if timeout is None and restarting:
+            timeout = placement_timeout_s()
+        if self.min_workers == self.max_workers:
+            return self._make_group(self.num_workers, avoid, timeout)
+        ensure_ray()
+        deadline = time.monotonic() + (timeout if timeout is not None else placement_timeout_s())
+        while True:
+            self.num_workers = placeable_workers(self.resources_per_worker, self.min_workers, self.max_workers,
+                                                 ours, avoid)
+            logger.info("elastic: starting %d workers (min %d, max %d)", self.num_workers,
+                        self.min_workers, self.max_workers)
+            left = max(0.0, deadline - time.monotonic())
+            # More than min may not fit after all (resources Ray still reported free a moment
+            # ago): try for a few seconds, then count again. At min there is nothing smaller.
+            attempt = left if self.num_workers == self.min_workers else min(left, ELASTIC_ATTEMPT_S)
+            try:
+                return self._make_group(self.num_workers, avoid, attempt)
+            except ResourcesUnavailableError:
+                if time.monotonic() >= deadline or self.num_workers == self.min_workers:
+                    raise
+                ours, avoid = None, self.nodes.avoid()
+
+    def _make_group(self, num_workers: int, avoid: Set[str], timeout: Optional[float]) -> WorkerGroup:
         res = dict(self.resources_per_worker)
         cpus = res.pop("CPU", 0)
         gpus = res.pop("GPU", 0)
         actor_cls, actor_cls_args, actor_cls_kwargs = self._actor_cls
-        if self.min_workers != self.max_workers:
-            ensure_ray()
-            self.num_workers = placeable_workers(self.resources_per_worker, self.min_workers, self.max_workers, ours)
-            logger.info("elastic: starting %d workers (min %d, max %d)", self.num_workers,
-                        self.min_workers, self.max_workers)
         assert self.backend is not None
         return WorkerGroup(
-            num_workers=self.num_workers,
+            num_workers=num_workers,
             num_cpus_per_worker=cpus,
             num_gpus_per_worker=gpus,
             additional_resources_per_worker=res,
@@ -128,6 +162,8 @@ class BackendExecutor:
             actor_cls_kwargs=actor_cls_kwargs,
             preload_modules=tuple(self.backend.preload_modules),
             placement_strategy=self.placement_strategy,
+            placement_timeout_s=timeout,
+            avoid_nodes=avoid,
         )
 
     def _setup(self, new: Optional[List[int]] = None) -> None:
@@ -162,8 +198,11 @@ class BackendExecutor:
         except Exception:
             logger.exception("backend failure handler raised")
 
-    def restart(self, error: Optional[BaseException] = None) -> None:
+    def restart(self, error: Optional[BaseException] = None, move: bool = False) -> None:
         """Replace every worker (after ``error``) and set the same backend object up again.
+
+        With ``move``, the group is placed anew (off draining hosts; an elastic group at the
+        size that fits now) rather than replacing only the workers that failed.
 
         :raises WorkerDiedError: a worker of the new group died while it was set up.
         """
@@ -175,22 +214,42 @@ class BackendExecutor:
         replaced: Optional[List[int]] = None
         begun = time.monotonic()
         with _deaths_as_errors(None, "restarting"):
-            if self.min_workers == self.max_workers:
+            # A lost host takes its bundles with it: Ray keeps offering its resources (and
+            # keeps the old reservation there) until it declares the host dead, ~15 s later.
+            lost = self.nodes.lost({m.node_id for m in old.metadata}) if error is not None else {}
+            if lost:
+                where = ", ".join(n.describe() for n in lost.values())
+                ranks = [i for i, m in enumerate(old.metadata) if m.node_id in lost]
+                logger.warning("host lost: %s (ranks %s); placing the group again without it", where, ranks)
+            if self.min_workers == self.max_workers and not lost and not move:
                 replaced = self._replace_failed(old)
             else:
-                # Resize: count what fits with our old reservation released, release it, place anew.
+                # Re-place: count what fits with our old reservation released (on the hosts
+                # that are still there), release it, place anew off the lost hosts.
                 ours: Dict[str, int] = {}
                 for meta in old.metadata:
-                    ours[meta.node_id] = ours.get(meta.node_id, 0) + 1
+                    if meta.node_id not in lost:
+                        ours[meta.node_id] = ours.get(meta.node_id, 0) + 1
                 old.stop_actors()
                 old.shutdown(patience_s=0)
-                self.worker_group = self._new_worker_group(ours)
+                self.worker_group = self._new_worker_group(ours, restarting=True)
                 self.worker_group.backend = self.backend
                 self.worker_group.add_shutdown_hook(self._teardown)
         placed = time.monotonic()
         self._setup(replaced)
         logger.info("restart: %.2fs to stop the runs and place the new workers, %.2fs to set the backend up",
                     placed - begun, time.monotonic() - placed)
+
+    def room(self) -> int:
+        """How many workers the group could have now if it were placed anew: the workers of
+        ours that run on hosts that stay count as free; lost and draining hosts are left out."""
+        wg = self.worker_group
+        avoid = self.nodes.avoid()
+        ours: Dict[str, int] = {}
+        for meta in wg.metadata if wg is not None else []:
+            if meta.node_id not in avoid:
+                ours[meta.node_id] = ours.get(meta.node_id, 0) + 1
+        return fitting_workers(self.resources_per_worker, ours, avoid)
 
     def _replace_failed(self, wg: WorkerGroup) -> Optional[List[int]]:
         """Replace the workers of a fixed-size group after a failure: only the ones that died
@@ -311,6 +370,10 @@ class BackendExecutor:
             wg.shutdown()
         self.backend = None
 
+
+#: An elastic placement of more than ``min_workers`` that is not ready within this many seconds
+#: is given up and the workers counted again (the count came from a moment-old resource view).
+ELASTIC_ATTEMPT_S = float(os.environ.get("SGD_ELASTIC_ATTEMPT_S", "5"))
 
 #: After a worker died, how long the others get to end their run (they are asked to stop at
 #: their next report; one whose collective lost its peer fails at once) before they are

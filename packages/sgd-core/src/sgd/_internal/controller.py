@@ -15,16 +15,23 @@ whatever the phase (group start, ``initialization_hook``, run start, mid-run): a
 from __future__ import annotations
 
 import logging
+import math
+import os
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+import ray
+
 from sgd._internal.backend_executor import BackendExecutor
 from sgd._internal.checkpoint_manager import CheckpointManager
+from sgd._internal.nodes import NODE_CHECK_INTERVAL_S, NodeInfo, cluster_nodes
 from sgd._internal.protocol import DirectCheckpoint, DirectWrite, Round, detailed_metrics_enabled
 from sgd._internal.rounds import RoundCollector
 from sgd._internal.run_dir import RunDirectory
+from sgd._internal.session import PreemptionInfo
 from sgd.callbacks import TrainingCallback
 from sgd.data import DatasetConfig, data_cpu_shortfall, shard_datasets, shards_survive_restart
 from sgd.errors import TrainingFailedError, WorkerDiedError
@@ -32,6 +39,11 @@ from sgd.plugins import get_plugin_manager
 from sgd.worker_group import ResourcesUnavailableError, WorkerGroup
 
 logger = logging.getLogger("sgd")
+
+#: A draining host is left this many seconds before its deadline when no checkpoint came.
+DRAIN_MARGIN_S = float(os.environ.get("SGD_DRAIN_MARGIN_S", "5"))
+#: How often (at most) an elastic group below its max looks for room, after a checkpoint.
+GROW_CHECK_INTERVAL_S = float(os.environ.get("SGD_ELASTIC_GROW_CHECK_S", "5"))
 
 
 class FailurePolicy:
@@ -129,6 +141,16 @@ class ActiveRun:
         self._shards: Dict[int, Optional[List[Any]]] = {}
         self._delivered_iteration = spec.run_dir.last_iteration()
         self._rounds: Optional[RoundCollector] = None
+        # Host health between rounds: the next check (monotonic), the drain being acted on,
+        # a move decided after a checkpoint (done before the next round), the next time an
+        # elastic group looks for room to grow.
+        self._next_node_check = 0.0
+        self._drain: Optional[Dict[str, NodeInfo]] = None
+        self._drain_stays_logged = False
+        self._move: Optional[str] = None
+        self._next_grow_check = time.monotonic() + GROW_CHECK_INTERVAL_S
+        #: restarts that were not failures (drained hosts, growth), each with its reason.
+        self.moves: List[str] = []
         self.finished = False
         self.returns: Optional[List[Any]] = None
         # A failure while the run starts is held and comes out of the first next().
@@ -168,8 +190,11 @@ class ActiveRun:
             self._manager.checkpoint_dir.mkdir(parents=True, exist_ok=True)
             direct = DirectWrite(str(self._manager.checkpoint_dir), self._manager.codec,
                                  self._manager.strategy.checkpoint_score_attribute)
-        return executor.start_training(spec.train_func, checkpoint, shards, start_iteration, direct,
-                                       spec.worker_run_info)
+        rounds = executor.start_training(spec.train_func, checkpoint, shards, start_iteration, direct,
+                                         spec.worker_run_info)
+        rounds.tick = self._check_hosts
+        self._drain, self._drain_stays_logged = None, False
+        return rounds
 
     def _recover(self, error: WorkerDiedError, phase: str) -> None:
         """Restart the workers and the training function from the latest checkpoint, as
@@ -177,22 +202,125 @@ class ActiveRun:
         while True:
             self._policy.record(error, phase)
             try:
-                self._executor.restart(error)
-                self._manager.remove_temporary()  # the old workers are gone, mid-write or not
-                # Ray Data's streaming split (split="coordinated") counts a dead consumer that
-                # had reached its epoch barrier and cannot forget it: a restarted group needs a
-                # new split. Divided and materialised shards are reused as they are.
-                made = next(iter(self._shards.values()), None)
-                if not shards_survive_restart(self._spec.dataset, self._spec.dataset_config, made):
-                    self._shards = {}
-                state = self._manager.latest()
-                if state is not None:
-                    self._rounds = self._start(state, self._manager.latest_iteration)
-                else:
-                    self._rounds = self._start(self._spec.checkpoint, 0)
+                self._restart(error)
                 return
             except WorkerDiedError as exc:
                 error, phase = exc, "restarting"
+
+    def _relocate(self, reason: str) -> None:
+        """Restart the group elsewhere or at another size, from the latest checkpoint, without
+        counting a failure: a host is draining, or an elastic group has room to grow."""
+        logger.warning("%s; restarting the workers from the latest checkpoint (not a failure)", reason)
+        self.moves.append(reason)
+        try:
+            self._restart(None, move=True)
+        except WorkerDiedError as exc:
+            self._recover(exc, "restarting")
+
+    def _restart(self, error: Optional[WorkerDiedError], move: bool = False) -> None:
+        try:
+            self._executor.restart(error, move=move)
+        except ResourcesUnavailableError as exc:
+            raise ResourcesUnavailableError(
+                f"{exc} Every result and checkpoint reported so far is kept in {self._spec.run_dir.path}; "
+                "resume it with sgd.Trainer.restore(run_dir) once the cluster has room."
+            ) from exc
+        self._manager.remove_temporary()  # the old workers are gone, mid-write or not
+        # Ray Data's streaming split (split="coordinated") counts a dead consumer that
+        # had reached its epoch barrier and cannot forget it: a restarted group needs a
+        # new split. Divided and materialised shards are reused as they are.
+        made = next(iter(self._shards.values()), None)
+        if not shards_survive_restart(self._spec.dataset, self._spec.dataset_config, made):
+            self._shards = {}
+        state = self._manager.latest()
+        if state is not None:
+            self._rounds = self._start(state, self._manager.latest_iteration)
+        else:
+            self._rounds = self._start(self._spec.checkpoint, 0)
+
+    # --- hosts: lost, draining, room to grow -----------------------------------------------
+
+    def _check_hosts(self) -> None:
+        """Between rounds, at most every :data:`NODE_CHECK_INTERVAL_S`: a host of the group
+        that Ray declared dead fails the run now (not when an actor call notices); a draining
+        host is announced to every worker (:func:`sgd.get_preemption_info`) and the group
+        leaves it at the next checkpoint, or shortly before its deadline."""
+        now = time.monotonic()
+        if now < self._next_node_check:
+            return
+        self._next_node_check = now + NODE_CHECK_INTERVAL_S
+        group = self._executor.worker_group
+        if group is None or not group.metadata:
+            return
+        ours = {m.node_id for m in group.metadata}
+        nodes = cluster_nodes()
+        for i, meta in enumerate(group.metadata):
+            info = nodes.get(meta.node_id)
+            if info is not None and not info.alive:
+                raise WorkerDiedError(
+                    f"worker rank {i} is gone: its host {info.describe()} was declared dead by Ray", i)
+        draining = {n: nodes[n] for n in ours if n in nodes and nodes[n].draining}
+        if not draining:
+            return
+        if self._drain is None:
+            self._drain = draining
+            self._announce_drain(group, draining)
+        deadline = min(n.drain_deadline or math.inf for n in self._drain.values())
+        if time.time() >= deadline - DRAIN_MARGIN_S and self._executor.room() >= self._executor.min_workers:
+            where = ", ".join(n.describe() for n in self._drain.values())
+            raise _Relocate(f"host {where} is draining and its deadline is {max(0.0, deadline - time.time()):.0f}s "
+                            "away with no checkpoint since the notice; leaving it now")
+
+    def _announce_drain(self, group: WorkerGroup, draining: Dict[str, NodeInfo]) -> None:
+        from ray.exceptions import RayError
+
+        first = min(draining.values(), key=lambda n: n.drain_deadline or math.inf)
+        info = PreemptionInfo(first.drain_deadline or math.inf, first.ip, first.node_id)
+        ranks = [i for i, m in enumerate(group.metadata) if m.node_id in draining]
+        left = "no deadline" if info.deadline == math.inf else f"deadline in {info.seconds_left:.0f}s"
+        logger.warning("host %s is draining (%s; ranks %s): the workers leave it at the next checkpoint",
+                       first.describe(), left, ranks)
+        # Two steps, so that every worker shows the notice from the same report on: ask each
+        # how far it got (its next report waits until told), then tell all the first report
+        # none of them has passed.
+        asks = [w._sgd_notice.remote(info) for w in group.workers]
+        counts = []
+        for ref in asks:
+            try:
+                counts.append(ray.get(ref, timeout=30))
+            except (RayError, TimeoutError):
+                pass  # a dead worker: its death is handled where its poll fails
+        start = max(counts, default=0) + 1
+        for ref in [w._sgd_notice_from.remote(start) for w in group.workers]:
+            try:
+                ray.get(ref, timeout=30)
+            except (RayError, TimeoutError):
+                pass
+
+    def _after_checkpoint(self) -> None:
+        """A checkpoint was just committed (the workers wait for its acknowledgement): leave a
+        draining host now if the rest of the cluster has room for the group, or grow an
+        elastic group that has room for more workers."""
+        executor = self._executor
+        if self._drain is not None:
+            where = ", ".join(n.describe() for n in self._drain.values())
+            room = executor.room()
+            if room >= executor.min_workers:
+                self._move = f"host {where} is draining; checkpoint committed, leaving it"
+            elif not self._drain_stays_logged:
+                self._drain_stays_logged = True
+                logger.warning("host %s is draining, but the other hosts have room for %d of the %d workers "
+                               "needed; staying on it until it goes", where, room, executor.min_workers)
+            return
+        if executor.min_workers == executor.max_workers or executor.num_workers >= executor.max_workers:
+            return
+        now = time.monotonic()
+        if now < self._next_grow_check:
+            return
+        self._next_grow_check = now + GROW_CHECK_INTERVAL_S
+        room = min(executor.room(), executor.max_workers)
+        if room > executor.num_workers:
+            self._move = f"room for {room} workers (running {executor.num_workers}, max {executor.max_workers})"
 
     # --- rounds --------------------------------------------------------------------------------
 
@@ -211,11 +339,17 @@ class ActiveRun:
                     raise error
                 self._recover(error, "starting the run")
             while True:
+                if self._move is not None:
+                    reason, self._move = self._move, None
+                    self._relocate(reason)
                 assert self._rounds is not None
                 try:
                     round_ = self._rounds.next_round()
                 except WorkerDiedError as exc:
                     self._recover(exc, "training")
+                    continue
+                except _Relocate as move:
+                    self._relocate(str(move))
                     continue
                 if round_ is None:
                     self.returns = self._rounds.returns
@@ -238,6 +372,7 @@ class ActiveRun:
                 manager.register_written(Path(state.path), state.score_values, self._delivered_iteration)
             else:
                 manager.register(self._executor.decode_checkpoint(state), self._delivered_iteration)
+            self._after_checkpoint()
             return None
         iteration = round_.iteration
         if iteration <= self._delivered_iteration:
@@ -252,6 +387,7 @@ class ActiveRun:
             first = next(i for i, c in enumerate(round_.checkpoints) if c is not None)
             manager.register_reported(round_.checkpoints, round_.full_result(first), iteration,
                                       decode=self._executor.decode_checkpoint)
+            self._after_checkpoint()
         if detailed_metrics_enabled():  # persisted above in full; handed on only when asked for
             round_.add_details()
         self._hook.sgd_handle_result(results=results, run_info=self._spec.run_info)
@@ -289,6 +425,10 @@ class ActiveRun:
                 if not error:
                     raise
                 logger.exception("callback %r failed in finish_training", cb)
+
+
+class _Relocate(Exception):
+    """Raised by a host check inside the round loop: restart the group now, not as a failure."""
 
 
 def _discard(payloads: List[Any]) -> None:

@@ -15,7 +15,7 @@ import os
 import re
 import time
 from collections import deque
-from typing import Any, Deque, Dict, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import ray
 from ray.exceptions import RayActorError
@@ -102,6 +102,9 @@ class RoundCollector:
             else:
                 self._watches[w._sgd_watch.remote()] = i
         self._started = [starts is None] * n
+        #: Called between waits (at least once a :data:`WAIT_SLICE_S`, and before each wait):
+        #: the run's health checks (a host declared dead, a drain notice). May raise.
+        self.tick: Optional[Callable[[], None]] = None
 
     def next_round(self) -> Optional[Round]:
         """The next decoded round, or ``None`` when every worker finished.
@@ -130,6 +133,8 @@ class RoundCollector:
             for i in range(len(self._workers)):
                 if not self._pending[i] and not self._done[i]:
                     self._poll(i)
+            if self.tick is not None:
+                self.tick()
             self._receive(self._wait())
 
     def _wait(self, timeout: Optional[float] = None) -> List[Any]:
@@ -146,6 +151,8 @@ class RoundCollector:
             # In slices: a signal handler (Ctrl-C, a test's timeout) runs between them, which
             # it cannot while the thread is inside one unbounded ray.wait.
             ready, _ = ray.wait(waiting, num_returns=1, timeout=WAIT_SLICE_S)
+            if not ready and self.tick is not None:
+                self.tick()
         return ready
 
     def _receive(self, ready: List[Any]) -> None:

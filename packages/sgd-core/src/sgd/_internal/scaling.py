@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Collection, Dict, Optional
 
 
-def placeable_workers(
-    bundle: Dict[str, float], min_workers: int, max_workers: int, ours: Optional[Dict[str, int]] = None
+def fitting_workers(
+    bundle: Dict[str, float], ours: Optional[Dict[str, int]] = None, avoid: Collection[str] = ()
 ) -> int:
-    """How many workers of ``bundle`` fit in the cluster now, clamped to ``[min_workers, max_workers]``
-    (placement then waits for ``min_workers`` if fewer fit).
+    """How many workers of ``bundle`` fit in the cluster's free resources now.
 
     :param ours: node id → workers of ours reserved there, about to be released; they count as free.
+    :param avoid: node ids not to count (hosts found lost that Ray still lists, draining hosts).
     """
     from ray._private.state import available_resources_per_node
 
@@ -19,6 +19,17 @@ def placeable_workers(
     ours = ours or {}
     fit = 0
     for node_id, avail in available_resources_per_node().items():
+        if node_id in avoid:
+            continue
         held = ours.get(node_id, 0)
         fit += min((int((avail.get(k, 0) + v * held + 1e-9) // v) for k, v in need.items()), default=0)
-    return max(min_workers, min(max_workers, fit))
+    return fit
+
+
+def placeable_workers(
+    bundle: Dict[str, float], min_workers: int, max_workers: int, ours: Optional[Dict[str, int]] = None,
+    avoid: Collection[str] = (),
+) -> int:
+    """:func:`fitting_workers` clamped to ``[min_workers, max_workers]`` (placement then waits
+    for ``min_workers`` if fewer fit)."""
+    return max(min_workers, min(max_workers, fitting_workers(bundle, ours, avoid)))

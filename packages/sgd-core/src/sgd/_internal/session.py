@@ -144,6 +144,10 @@ class Session:
         self._stopping = False
 
         self._iteration = start_iteration
+        # A drain notice for one of the group's hosts (PreemptionInfo), and the report count
+        # from which every worker of the group shows it (see notice / notice_from).
+        self._notice: Any = None
+        self._notice_from: Optional[int] = None
         self._start_time = time.time()
         self._last_report_time = self._start_time
         self._date_second = -1
@@ -238,6 +242,34 @@ class Session:
         if self._stopping:
             raise RunStopped()
 
+    # --- drain notices: every worker sees one from the same report on --------------------
+
+    def notice(self, info: Any) -> int:
+        """A host of the group is draining (called from the driver). Until :meth:`notice_from`
+        arrives, the next report waits; returns how many reports this worker has made."""
+        with self._cv:
+            if self._notice is None:
+                self._notice = info
+            return self._iteration
+
+    def notice_from(self, iteration: int) -> None:
+        """From which report count on the notice shows: one more than the most any worker
+        had made when asked, so no worker has passed it and every one shows it after the same
+        report."""
+        with self._cv:
+            self._notice_from = iteration
+            self._cv.notify_all()
+
+    def _await_notice_from(self) -> None:
+        with self._cv:
+            while self._notice_from is None:
+                self._wait()
+
+    def preemption_info(self) -> Any:
+        if self._notice is None or self._notice_from is None or self._iteration < self._notice_from:
+            return None
+        return self._notice
+
     def _put(self, item: _Item) -> None:
         with self._cv:
             if self._stopping:
@@ -248,6 +280,8 @@ class Session:
             self._cv.notify_all()
 
     def report(self, metrics: Dict[str, Any], checkpoint: Any = None) -> None:
+        if self._notice is not None and self._notice_from is None:
+            self._await_notice_from()
         data = self._autofill(metrics)
         if checkpoint is None:
             self._put(_Item(REPORT, data))
@@ -415,6 +449,27 @@ def _node_ip() -> str:
 
         _node_ip_cache = ray.util.get_node_ip_address()
     return _node_ip_cache
+
+
+@dataclass(frozen=True)
+class PreemptionInfo:
+    """A host of this training job is going away (``sgd.get_preemption_info()``).
+
+    Ray marked the host as draining (``ray drain-node``, a cloud preemption notice, KubeRay's
+    scale-down). sgd moves the workers off it at the next checkpoint (or, when none comes, a
+    few seconds before the deadline, from the latest one), without counting a failure.
+    """
+
+    #: when the host will be gone (``time.time()`` seconds; ``math.inf`` when the notice gave no deadline).
+    deadline: float
+    #: the draining host's address and Ray node id.
+    node_ip: str
+    node_id: str
+
+    @property
+    def seconds_left(self) -> float:
+        """Seconds until the deadline (never below 0)."""
+        return max(0.0, self.deadline - time.time())
 
 
 class WorkerState:

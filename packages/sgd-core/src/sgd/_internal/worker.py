@@ -146,6 +146,17 @@ class WorkerMixin:
             STATE.session.join()
 
     @ray.method(concurrency_group=CONTROL_GROUP)
+    def _sgd_notice(self, info: Any) -> int:
+        """A host of the group is draining: the reports this worker made so far (-1: no run)."""
+        session = STATE.session
+        return -1 if session is None or session.finished else session.notice(info)
+
+    @ray.method(concurrency_group=CONTROL_GROUP)
+    def _sgd_notice_from(self, iteration: int) -> None:
+        if STATE.session is not None:
+            STATE.session.notice_from(iteration)
+
+    @ray.method(concurrency_group=CONTROL_GROUP)
     def _sgd_poll(self, max_items: int):
         session = STATE.session
         if session is None:
