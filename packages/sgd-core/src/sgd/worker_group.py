@@ -288,7 +288,9 @@ class WorkerGroup:
             if self._preload_modules:  # overlaps the framework import with what follows
                 for a in actors:
                     self._send_preload(a, self._preload_modules)
-            timeout = self._placement_timeout_s or placement_timeout_s()
+            # Starting processes on reserved resources is not waiting for room: a short
+            # placement_timeout_s (an elastic attempt, a user's) does not bound it.
+            timeout = max(self._placement_timeout_s or 0.0, placement_timeout_s())
             refs = [a._sgd_metadata.remote() for a in actors]
             # Bounded: a reservation on a lost node may never be honoured.
             ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)

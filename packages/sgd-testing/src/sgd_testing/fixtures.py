@@ -99,6 +99,29 @@ def _two_nodes(num_gpus: int) -> Iterator[Any]:
         cluster.shutdown()
 
 
+@pytest.fixture(scope="module")
+def host_cluster() -> Iterator[Any]:
+    """A real three-host cluster for one test module (:class:`sgd_testing.hosts.HostCluster`):
+    the head at 127.0.0.2 with 0 CPUs (this process is its driver), worker hosts at 127.0.0.3
+    and 127.0.0.4 with 2 CPUs each and private ``/tmp``, ``/dev/shm`` and ``~/sgd_results``.
+    Skipped, with the reason, where mount namespaces cannot be made (they need root)."""
+    from sgd_testing.hosts import host_cluster_for_test, namespaces_unavailable
+
+    why = namespaces_unavailable()
+    if why:
+        pytest.skip(why)
+    with host_cluster_for_test(num_hosts=2, cpus_per_host=2) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def hosts(host_cluster: Any) -> Iterator[Any]:
+    """``host_cluster`` with every worker host up, not draining and with all its CPUs free
+    when the test starts (a host an earlier test lost or drained is started afresh)."""
+    host_cluster.heal()
+    yield host_cluster
+
+
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 6 MiB tmpfs mounted for the test (to fill a real disk); the test is skipped, with

@@ -105,6 +105,8 @@ class Host:
         #: the Ray node id of the current incarnation (a restarted host gets a new one).
         self.node_id: Optional[str] = None
         self.log_path = cluster.base_dir / f"host-{ip}.log"
+        #: whether :meth:`drain` was called on this incarnation (Ray cannot undo a drain).
+        self.drained = False
         self._mnt_ns: Optional[str] = None
 
     def __repr__(self) -> str:
@@ -138,6 +140,7 @@ class Host:
         if self.alive:
             raise RuntimeError(f"host {self.ip} is already running")
         before = set(self.cluster.node_ids(alive_only=False)) if not self.head else set()
+        self.drained = False
         cmd = self._command()
         if self.private:
             # A private /tmp, /dev/shm and results directory: this host's disk is its own.
@@ -257,7 +260,6 @@ class Host:
         if reason not in reasons:
             raise ValueError(f"reason must be one of {sorted(reasons)}, got {reason!r}")
         ray = str(Path(sys.executable).with_name("ray"))
-        deadline_ms = int((time.time() + deadline_s) * 1000)
         env = {**os.environ, **CLUSTER_ENV, **self.cluster.env}
         proc = subprocess.run(
             [ray, "drain-node", f"--address={self.cluster.address}", f"--node-id={self.node_id}",
@@ -265,10 +267,10 @@ class Host:
              f"--deadline-remaining-seconds={int(deadline_s)}"],
             capture_output=True, text=True, env=env, timeout=60,
         )
+        self.drained = proc.returncode == 0
         if proc.returncode != 0:
             raise RuntimeError(f"ray drain-node {self.ip} failed ({proc.returncode}): "
                                f"{proc.stderr.strip() or proc.stdout.strip()}")
-        del deadline_ms
 
 
 class HostCluster:
@@ -351,7 +353,25 @@ class HostCluster:
         if host.alive:
             raise RuntimeError(f"host {host.ip} is still running")
         host.start()
+        self.wait_for_resources()
         return host
+
+    def heal(self) -> None:
+        """Every worker host up and not draining: a lost host is started again, a draining one
+        is stopped and started afresh (Ray has no way to undo a drain). Waits until Ray has
+        declared the old nodes dead, so no test sees a node that is going."""
+        old = []
+        for host in self.hosts:
+            if host.alive and host.drained:
+                host.kill()
+            if not host.alive:
+                if host.node_id:
+                    old.append(host.node_id)
+                host.start()
+        if old:
+            wait_for(lambda: not set(old) & set(self.node_ids()), timeout=60,
+                     message=f"Ray did not declare the lost nodes {old} dead")
+        self.wait_for_resources(free=True)
 
     def nodes(self) -> List[Dict[str, Any]]:
         """The head's view of the nodes (one GCS call): node id, address, alive, resources."""
@@ -377,7 +397,27 @@ class HostCluster:
         if ray.is_initialized():
             ray.shutdown()
         init_kwargs.setdefault("log_to_driver", True)
-        return ray.init(address=self.address, _node_ip_address=self.head_ip, **init_kwargs)
+        context = ray.init(address=self.address, _node_ip_address=self.head_ip, **init_kwargs)
+        self.wait_for_resources()
+        return context
+
+    def wait_for_resources(self, timeout: float = 60, free: bool = False) -> None:
+        """Wait until the connected driver's view of free resources has every live host (a host
+        is alive for the GCS a moment before its resources are reported); with ``free``, until
+        all of their CPUs are free (what an earlier test held is released)."""
+        import ray
+        from ray._private.state import available_resources_per_node
+
+        if not ray.is_initialized():
+            return
+        want = {h.node_id: h.num_cpus for h in self.hosts if h.alive}
+
+        def ready() -> bool:
+            view = available_resources_per_node()
+            return all(n in view and (not free or view[n].get("CPU", 0) >= cpus) for n, cpus in want.items())
+
+        wait_for(ready, timeout=timeout, message=f"the resources of hosts {sorted(want)} did not show up"
+                 + (" free" if free else ""))
 
     def host_of(self, node_id: str) -> Optional[Host]:
         return next((h for h in self.hosts if h.node_id == node_id), None)

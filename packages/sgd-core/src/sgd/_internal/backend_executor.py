@@ -22,7 +22,7 @@ from ray.exceptions import RayActorError
 from sgd._internal.nodes import NodeWatch
 from sgd._internal.protocol import DirectWrite
 from sgd._internal.rounds import RoundCollector, short_error
-from sgd._internal.scaling import fitting_workers, placeable_workers
+from sgd._internal.scaling import fitting_workers
 from sgd._internal.session import DEFAULT_MAX_PENDING
 from sgd.backend import Backend, BackendConfig
 from sgd.errors import WorkerDiedError
@@ -114,13 +114,14 @@ class BackendExecutor:
         wg.add_shutdown_hook(self._teardown)
         return wg
 
-    def _new_worker_group(self, ours: Optional[Dict[str, int]] = None, restarting: bool = False) -> WorkerGroup:
+    def _new_worker_group(self, restarting: bool = False, count: Optional[int] = None) -> WorkerGroup:
         """Place a new group: ``num_workers`` of them, or for an elastic group as many as fit
         now (at least ``min_workers``), off the hosts found lost or draining.
 
-        :param ours: node id → workers of the group being replaced, whose resources count as free.
         :param restarting: after a failure: wait up to the placement timeout even where the
             cluster lacks the resources now (a lost host may come back, an autoscaler may add one).
+        :param count: for an elastic group, how many fit, counted before the group being
+            replaced released its resources (:meth:`room`).
         """
         avoid = self.nodes.avoid() if (restarting or self.min_workers != self.max_workers) else set()
         timeout = self.placement_timeout_s
@@ -131,8 +132,9 @@ class BackendExecutor:
         ensure_ray()
         deadline = time.monotonic() + (timeout if timeout is not None else placement_timeout_s())
         while True:
-            self.num_workers = placeable_workers(self.resources_per_worker, self.min_workers, self.max_workers,
-                                                 ours, avoid)
+            if count is None:
+                count = fitting_workers(self.resources_per_worker, None, avoid)
+            self.num_workers = max(self.min_workers, min(self.max_workers, count))
             logger.info("elastic: starting %d workers (min %d, max %d)", self.num_workers,
                         self.min_workers, self.max_workers)
             left = max(0.0, deadline - time.monotonic())
@@ -144,7 +146,7 @@ class BackendExecutor:
             except ResourcesUnavailableError:
                 if time.monotonic() >= deadline or self.num_workers == self.min_workers:
                     raise
-                ours, avoid = None, self.nodes.avoid()
+                count, avoid = None, self.nodes.avoid()
 
     def _make_group(self, num_workers: int, avoid: Set[str], timeout: Optional[float]) -> WorkerGroup:
         res = dict(self.resources_per_worker)
@@ -226,13 +228,12 @@ class BackendExecutor:
             else:
                 # Re-place: count what fits with our old reservation released (on the hosts
                 # that are still there), release it, place anew off the lost hosts.
-                ours: Dict[str, int] = {}
-                for meta in old.metadata:
-                    if meta.node_id not in lost:
-                        ours[meta.node_id] = ours.get(meta.node_id, 0) + 1
+                # Counted before the release: Ray's view may show it released a moment later
+                # (or already), and counting ours on top of that would ask for too many.
+                count = self.room() if self.min_workers != self.max_workers else None
                 old.stop_actors()
                 old.shutdown(patience_s=0)
-                self.worker_group = self._new_worker_group(ours, restarting=True)
+                self.worker_group = self._new_worker_group(restarting=True, count=count)
                 self.worker_group.backend = self.backend
                 self.worker_group.add_shutdown_hook(self._teardown)
         placed = time.monotonic()

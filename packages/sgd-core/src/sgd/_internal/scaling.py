@@ -25,11 +25,3 @@ def fitting_workers(
         fit += min((int((avail.get(k, 0) + v * held + 1e-9) // v) for k, v in need.items()), default=0)
     return fit
 
-
-def placeable_workers(
-    bundle: Dict[str, float], min_workers: int, max_workers: int, ours: Optional[Dict[str, int]] = None,
-    avoid: Collection[str] = (),
-) -> int:
-    """:func:`fitting_workers` clamped to ``[min_workers, max_workers]`` (placement then waits
-    for ``min_workers`` if fewer fit)."""
-    return max(min_workers, min(max_workers, fitting_workers(bundle, ours, avoid)))

@@ -1,0 +1,201 @@
+"""A real cluster: hosts with their own addresses and disks, lost without warning, drained.
+
+Runs on ``sgd_testing``'s ``host_cluster``: a head at 127.0.0.2 with 0 CPUs (this process is its
+driver) and two worker hosts at 127.0.0.3 and 127.0.0.4 (2 CPUs each) started with
+``ray start --block``, each in its own mount namespace with a private ``/tmp``, ``/dev/shm`` and
+``~/sgd_results``. Losing a host SIGKILLs every process on it at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+import sgd
+from sgd_testing import wait_for
+
+pytestmark = pytest.mark.multinode
+
+
+def _steps(train_dir: Path) -> list:
+    lines = (train_dir / "results.jsonl").read_text().splitlines()
+    return [json.loads(line)[0]["step"] for line in lines if line.strip()]
+
+
+def _where(config):
+
+    import ray
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    sgd.report(step=1)
+    sgd.save_checkpoint(step=1, rank0_ip=ray.util.get_node_ip_address())
+    return (ray.util.get_node_ip_address(), sgd.node_rank(), sgd.local_rank(), os.environ["MASTER_ADDR"],
+            os.path.exists(config["driver_file"]), t.item())
+
+
+def test_workers_run_on_hosts_with_their_own_addresses_and_disks(hosts, tmp_path):
+    driver_file = tmp_path / "only-on-the-driver"
+    driver_file.write_text("x")
+    trainer = sgd.Trainer(backend="torch", num_workers=4)
+    trainer.start()
+    try:
+        results = trainer.run(_where, config={"driver_file": str(driver_file)})
+    finally:
+        trainer.shutdown()
+    ips = [r[0] for r in results]
+    assert sorted(set(ips)) == ["127.0.0.3", "127.0.0.4"]  # the head has no CPUs: no worker there
+    assert ips[0] == ips[1] != ips[2] == ips[3]  # ranks grouped by host
+    assert [r[1] for r in results] == [0, 0, 1, 1] and [r[2] for r in results] == [0, 1, 0, 1]
+    assert {r[3] for r in results} == {ips[0]}  # MASTER_ADDR: rank 0's host, reachable from the other
+    assert not any(r[4] for r in results)  # the driver's disk is not theirs
+    assert all(r[5] == 4.0 for r in results)  # one process group across both hosts
+    # Rank 0 wrote its checkpoint on a host with a private disk: it arrived on the driver's.
+    assert trainer.latest_checkpoint == {"step": 1, "rank0_ip": ips[0]}
+    assert trainer.best_checkpoint_path.is_dir() and _steps(trainer.latest_run_dir) == [1]
+
+
+def _train(config):
+    import time
+
+    state = sgd.load_checkpoint() or {"step": 0}
+    step = state["step"]
+    while step < config["steps"]:
+        step += 1
+        time.sleep(config.get("sleep", 0.05))
+        sgd.report(step=step, world_size=sgd.world_size(), resumed_from=state["step"], pid=os.getpid(),
+                   notice=sgd.get_preemption_info() is not None)
+        if step % config.get("every", 1) == 0 or sgd.get_preemption_info() is not None:
+            sgd.save_checkpoint(step=step)
+    return sgd.world_size()
+
+
+class _OnStep(sgd.TrainingCallback):
+    """Calls ``action(results)`` once, when rank 0 reports ``step``; keeps every round."""
+
+    def __init__(self, step, action):
+        self.step, self.action, self.rounds, self.done = step, action, [], False
+
+    def handle_result(self, results, **info):
+        self.rounds.append(results)
+        if results[0]["step"] == self.step and not self.done:
+            self.done = True
+            self.action(results)
+
+
+def test_elastic_goes_on_when_a_host_is_lost_and_grows_back(hosts):
+    lost = hosts.hosts[1]
+    came_back = threading.Event()
+
+    def lose(results):
+        lost.kill()  # every process of the host, at once
+
+        def bring_back():  # after the group restarted without it
+            wait_for(lambda: any(r[0]["world_size"] == 2 for r in chaos.rounds), timeout=120)
+            hosts.restart(lost)
+            came_back.set()
+
+        threading.Thread(target=bring_back, daemon=True).start()
+
+    chaos = _OnStep(3, lose)
+    trainer = sgd.Trainer(backend="base", num_workers=(2, 4), max_retries=1)
+    trainer.start()
+    try:
+        # Enough steps to outlast the host's return; the run ends early once it has grown back.
+        it = trainer.run_iterator(_train, config={"steps": 100000, "sleep": 0.05, "every": 2})
+        for results in it:
+            chaos.handle_result(results)
+            if came_back.is_set() and results[0]["world_size"] == 4 and results[0]["resumed_from"] > 3:
+                break
+        else:
+            pytest.fail("the run ended before the group grew back")
+        it.stop()
+    finally:
+        trainer.shutdown()
+    steps = [r[0]["step"] for r in chaos.rounds]
+    assert steps == list(range(1, len(steps) + 1))  # nothing lost, nothing twice
+    sizes = [(r[0]["world_size"], len(r)) for r in chaos.rounds]
+    assert sizes[:3] == [(4, 4)] * 3
+    after = sizes[3:]
+    assert after[0] == (2, 2)  # restarted at once on the host that is left (min is 2)
+    assert after[-1] == (4, 4)  # and grew back when the host returned
+    # The restart after the loss resumed from the checkpoint of step 2; growing back resumed
+    # from the checkpoint it was triggered by: no step was redone there.
+    first_small = next(r[0] for r in chaos.rounds if r[0]["world_size"] == 2)
+    assert first_small["resumed_from"] == 2 and first_small["step"] == 4
+    first_big = next(r[0] for r in chaos.rounds[3:] if r[0]["world_size"] == 4)
+    assert first_big["step"] == first_big["resumed_from"] + 1
+    assert _steps(trainer.latest_run_dir) == steps
+
+
+def test_fixed_size_waits_for_room_then_says_what_is_missing_and_where(hosts):
+    trainer = sgd.Trainer(backend="base", num_workers=4, max_retries=-1, placement_timeout_s=3)
+    chaos = _OnStep(3, lambda results: hosts.hosts[0].kill())
+    trainer.start()
+    try:
+        with pytest.raises(sgd.ResourcesUnavailableError) as info:
+            trainer.run(_train, config={"steps": 50, "every": 1}, callbacks=[chaos])
+    finally:
+        trainer.shutdown()
+    message = str(info.value)
+    assert "could not place 4 workers" in message and "within 3s" in message
+    assert "127.0.0.4: 2" in message  # what fits, and where
+    assert "Trainer.restore" in message and str(trainer.latest_run_dir) in message
+    # Nothing reported before the loss is lost, and the last committed checkpoint is the latest.
+    assert _steps(trainer.latest_run_dir) == [1, 2, 3]
+    assert trainer.latest_checkpoint["step"] >= 3 - 1
+
+
+def test_fixed_size_goes_on_when_the_host_comes_back(hosts):
+    lost = hosts.hosts[0]
+
+    def lose(results):
+        lost.kill()
+        threading.Thread(target=hosts.restart, args=(lost,), daemon=True).start()
+
+    chaos = _OnStep(3, lose)
+    trainer = sgd.Trainer(backend="base", num_workers=4, max_retries=1, placement_timeout_s=120)
+    trainer.start()
+    try:
+        sizes = trainer.run(_train, config={"steps": 8}, callbacks=[chaos])
+    finally:
+        trainer.shutdown()
+    assert sizes == [4, 4, 4, 4]
+    steps = [r[0]["step"] for r in chaos.rounds]
+    assert steps == list(range(1, 9))
+    assert all(len(r) == 4 for r in chaos.rounds)
+    assert next(r[0] for r in chaos.rounds if r[0]["step"] == 4)["resumed_from"] == 3
+
+
+def test_a_draining_host_is_left_at_the_next_checkpoint_without_a_failure(hosts):
+    drained = hosts.hosts[1]
+    chaos = _OnStep(3, lambda results: drained.drain(deadline_s=300))
+    # max_retries=0: leaving the drained host must not count as a failure.
+    trainer = sgd.Trainer(backend="base", num_workers=(2, 4), max_retries=0)
+    trainer.start()
+    try:
+        it = trainer.run_iterator(_train, config={"steps": 100000, "sleep": 0.05, "every": 1000})
+        for results in it:
+            chaos.handle_result(results)
+            if results[0]["world_size"] == 2 and results[0]["step"] >= results[0]["resumed_from"] + 2:
+                break
+        it.stop()
+    finally:
+        trainer.shutdown()
+    rounds = chaos.rounds
+    steps = [r[0]["step"] for r in rounds]
+    assert steps == list(range(1, len(steps) + 1))  # no step lost or redone
+    assert all(len({w["notice"] for w in r}) == 1 for r in rounds)  # never seen by some ranks only
+    moved = next(i for i, r in enumerate(rounds) if r[0]["world_size"] == 2)
+    assert moved >= 3 and all(len(r) == 4 for r in rounds[:moved])
+    # The only checkpoint was the one the notice led to (every=1000): every rank saw the notice
+    # after the same report (else their save_checkpoint counts would differ and the run fail),
+    # and the group resumed right after it, off the draining host.
+    assert rounds[moved][0]["resumed_from"] == steps[moved - 1]
+    assert {w["pid"] for w in rounds[moved]}.isdisjoint({w["pid"] for w in rounds[0]})
