@@ -108,27 +108,43 @@ def demo(session: nox.Session) -> None:
     session.run("python", "examples/digits.py", *session.posargs, env={"PYTHONUNBUFFERED": "1"})
 
 
+#: Every benchmark: name -> (script, extra packages it needs besides the sgd packages).
+BENCHMARKS = {
+    "core": ("benchmarks/bench_core.py", ()),
+    "checkpoint": ("benchmarks/bench_checkpoint.py", ()),
+    # N = 2 to 32 workers on a simulated multi-node cluster, sgd beside Ray Train and a floor
+    "scale": ("benchmarks/bench_scale.py", ("ray[train]", "matplotlib")),
+    "data": ("benchmarks/bench_data.py", ("ray[data,train]", "matplotlib")),
+    # ray[train]: Ray Train's TorchTrainer (the same ray as sgd's); matplotlib: compare.png
+    "compare": ("benchmarks/bench_compare.py", ("ray[data,train]", "matplotlib")),
+    # an 8-trial Tune grid: sgd with and without actor reuse, and Ray Train
+    "tune": ("benchmarks/bench_tune.py", ("ray[data,train]", "matplotlib")),
+    # a real three-host cluster (ray start hosts with private disks; needs root): cold start and
+    # a lost host, sgd beside Ray Train
+    "cluster": ("benchmarks/bench_cluster.py", ("ray[train]",)),
+}
+
+
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
     """Benchmarks: core overhead, checkpoints and recovery, scale (2 to 32 workers, scale.md/.png),
-    Ray Data, sgd side by side with Ray
-    Train and torchrun (compare.md/.png), and a Tune grid with and without actor reuse (tune.md);
+    Ray Data, sgd side by side with Ray Train and torchrun (compare.md/.png), a Tune grid with
+    and without actor reuse (tune.md), and a real three-host cluster losing a host (cluster.md);
     JSON and markdown tables in benchmarks/results/.
-    ``nox -s bench -- --quick`` runs fewer repetitions."""
+    ``nox -s bench -- --quick`` runs fewer repetitions; ``nox -s bench -- cluster [--quick]``
+    runs the named benchmarks only (any of: core, checkpoint, scale, data, compare, tune, cluster)."""
     _install(session)
     env = {"PYTHONUNBUFFERED": "1"}
-    session.run("python", "benchmarks/bench_core.py", *session.posargs, env=env)
-    session.run("python", "benchmarks/bench_checkpoint.py", *session.posargs, env=env)
-    # N = 2 to 32 workers on a simulated multi-node cluster, sgd beside Ray Train and a floor
-    session.install(*CONSTRAINTS, "ray[train]", "matplotlib")
-    session.run("python", "benchmarks/bench_scale.py", *session.posargs, env=env)
-    # ray[data] for bench_data; ray[train] (Ray Train's TorchTrainer, the same ray as sgd's) and
-    # matplotlib (compare.png) for bench_compare
-    session.install(*CONSTRAINTS, "ray[data,train]", "matplotlib")
-    session.run("python", "benchmarks/bench_data.py", *session.posargs, env=env)
-    session.run("python", "benchmarks/bench_compare.py", *session.posargs, env=env)
-    # an 8-trial Tune grid: sgd with and without actor reuse, and Ray Train (ray[tune] comes with ray[train])
-    session.run("python", "benchmarks/bench_tune.py", *session.posargs, env=env)
+    chosen = [a for a in session.posargs if a in BENCHMARKS]
+    args = [a for a in session.posargs if a not in BENCHMARKS]
+    installed: set = set()
+    for name in chosen or list(BENCHMARKS):
+        script, extra = BENCHMARKS[name]
+        missing = [p for p in extra if p not in installed]
+        if missing:
+            session.install(*CONSTRAINTS, *missing)
+            installed.update(missing)
+        session.run("python", script, *args, env=env)
 
 
 @nox.session(python=PYTHON, venv_backend="none")

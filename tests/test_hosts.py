@@ -199,3 +199,206 @@ def test_a_draining_host_is_left_at_the_next_checkpoint_without_a_failure(hosts)
     # and the group resumed right after it, off the draining host.
     assert rounds[moved][0]["resumed_from"] == steps[moved - 1]
     assert {w["pid"] for w in rounds[moved]}.isdisjoint({w["pid"] for w in rounds[0]})
+
+
+SHIPPED_SCRIPT = '''
+import os
+import sys
+from pathlib import Path
+
+import ray
+
+import helper  # beside the script: shipped with it
+import sgd
+
+data = (Path(__file__).parent / "data" / "value.txt").read_text()
+sgd.report(rank=sgd.world_rank(), helper=helper.VALUE, data=data, ip=ray.util.get_node_ip_address(),
+           argv=sys.argv[1:], cwd_is_script_dir=os.getcwd() == str(Path(__file__).parent))
+'''
+
+
+def test_sgd_run_ships_a_script_that_exists_only_on_the_driver(hosts, tmp_path, monkeypatch, capsys):
+    from sgd.launcher import launch
+
+    project = tmp_path / "project"  # the driver's /tmp: the worker hosts do not see it
+    (project / "data").mkdir(parents=True)
+    (project / "train.py").write_text(SHIPPED_SCRIPT)
+    (project / "helper.py").write_text("VALUE = 42\n")
+    (project / "data" / "value.txt").write_text("from the driver")
+    (project / "__pycache__").mkdir()
+    (project / "__pycache__" / "junk.pyc").write_bytes(b"x" * 100)
+    monkeypatch.chdir(project)
+    result = launch("train.py", ["--epochs", "1"], backend="base", num_workers=4, max_retries=0)
+    assert result.exit_code == 0, result.error
+    by_rank = sorted(result.final_metrics, key=lambda r: r["rank"])
+    assert [r["rank"] for r in by_rank] == [0, 1, 2, 3]
+    assert {r["ip"] for r in by_rank} == {"127.0.0.3", "127.0.0.4"}
+    assert all(r["helper"] == 42 and r["data"] == "from the driver" for r in by_rank)
+    assert all(r["argv"] == ["--epochs", "1"] and r["cwd_is_script_dir"] for r in by_rank)
+
+
+def test_shipped_bundles_refuse_paths_outside_their_folder(tmp_path):
+    import io
+    import zipfile
+
+    from sgd.launcher.ship import Bundle, pack, unpack
+
+    assert pack(str(tmp_path / "nothing")) is None  # nothing to ship
+    for name in ("../evil.py", "/etc/evil.py", "a/../../evil.py"):
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w") as archive:
+            archive.writestr(name, "print('pwned')")
+        with pytest.raises(ValueError, match="not a path inside the bundle"):
+            unpack(Bundle("/x", buffer.getvalue(), "0" * 64 + name.replace("/", "_")), into=str(tmp_path / "u"))
+    assert not (tmp_path / "evil.py").exists()
+    assert not list((tmp_path / "u").rglob("evil.py"))
+    assert not list((tmp_path / "u").iterdir())  # nothing half-unpacked is left behind
+
+
+# --- every backend and integration across hosts ---------------------------------------------
+
+
+def _tf_allreduce():
+    import json
+    import os
+
+    import ray
+    import tensorflow as tf
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    total = strategy.reduce("SUM", strategy.run(lambda: tf.constant(float(sgd.world_rank() + 1))), axis=None)
+    return ray.util.get_node_ip_address(), json.loads(os.environ["TF_CONFIG"]), float(total)
+
+
+def test_tensorflow_cluster_spec_names_the_hosts(hosts):
+    pytest.importorskip("tensorflow")
+    trainer = sgd.Trainer(backend="tensorflow", num_workers=2, placement_strategy="SPREAD")
+    trainer.start()
+    try:
+        results = trainer.run(_tf_allreduce)
+    finally:
+        trainer.shutdown()
+    ips = [r[0] for r in results]
+    assert sorted(ips) == ["127.0.0.3", "127.0.0.4"]  # one worker per host
+    workers = results[0][1]["cluster"]["worker"]
+    assert [w.rsplit(":", 1)[0] for w in workers] == ips  # TF_CONFIG: each worker at its host's address
+    assert [r[1]["task"]["index"] for r in results] == [0, 1]
+    assert [r[2] for r in results] == [3.0, 3.0]  # the collective crossed the hosts
+
+
+def _hvd_allreduce():
+    import horovod.torch as hvd
+    import ray
+    import torch
+
+    hvd.init()
+    total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum).item()
+    return ray.util.get_node_ip_address(), hvd.rank(), hvd.size(), hvd.local_size(), total
+
+
+def test_horovod_rendezvous_is_reachable_from_the_hosts(hosts):
+    from sgd_horovod import horovod_available
+
+    if not horovod_available():
+        pytest.skip("Horovod is not installed (scripts/build_horovod.py builds it; nox -s tests does)")
+    trainer = sgd.Trainer(backend="horovod", num_workers=4)
+    trainer.start()
+    try:
+        results = trainer.run(_hvd_allreduce)
+    finally:
+        trainer.shutdown()
+    assert sorted({r[0] for r in results}) == ["127.0.0.3", "127.0.0.4"]
+    assert [r[1] for r in results] == [0, 1, 2, 3] and all(r[2] == 4 and r[3] == 2 for r in results)
+    assert all(r[4] == 10.0 for r in results)  # 1 + 2 + 3 + 4 through the driver's rendezvous
+
+
+def _read_shard():
+    import ray
+
+    shard = sgd.get_dataset_shard("train")
+    rows = [int(row["id"]) for batch in shard.iter_batches(batch_size=32, batch_format="numpy")
+            for row in [{"id": i} for i in batch["id"]]]
+    sgd.report(rows=len(rows))
+    return ray.util.get_node_ip_address(), rows
+
+
+def test_ray_data_shards_are_read_on_the_worker_hosts(hosts):
+    import ray
+
+    trainer = sgd.Trainer(backend="base", num_workers=2, placement_strategy="SPREAD")
+    trainer.start()
+    try:
+        results = trainer.run(_read_shard, dataset={"train": ray.data.range(200)})
+    finally:
+        trainer.shutdown()
+    assert sorted(r[0] for r in results) == ["127.0.0.3", "127.0.0.4"]
+    seen = sorted(i for r in results for i in r[1])
+    assert seen == list(range(200))  # every row once, read where the workers run
+
+
+def _tune_train(config):
+    import ray
+
+    for epoch in range(2):
+        sgd.report(epoch=epoch, score=config["x"] * (epoch + 1), ip=ray.util.get_node_ip_address())
+        sgd.save_checkpoint(epoch=epoch, x=config["x"])
+
+
+def test_tune_trials_run_on_the_worker_hosts(hosts):
+    import tempfile
+
+    from ray import tune
+
+    # Tune's storage must be shared by the hosts (Ray Tune's rule for a multi-host cluster):
+    # /var/tmp is, unlike the worker hosts' private /tmp.
+    storage = tempfile.mkdtemp(prefix="sgd-tune-", dir="/var/tmp")
+    try:
+        trainer = sgd.Trainer(backend="base", num_workers=2)
+        tuner = tune.Tuner(
+            trainer.to_tune_trainable(_tune_train),
+            param_space={"x": tune.grid_search([1, 2])},
+            tune_config=tune.TuneConfig(metric="score", mode="max", max_concurrent_trials=1),
+            run_config=tune.RunConfig(storage_path=storage, name="hosts", verbose=0),
+        )
+        results = tuner.fit()
+        assert not results.errors
+        assert sorted(r.metrics["score"] for r in results) == [2, 4]
+        assert all(r.metrics["ip"] in ("127.0.0.3", "127.0.0.4") for r in results)
+        best = results.get_best_result()
+        assert best.checkpoint is not None and sgd.Trainer.load_checkpoint_from_path(best.checkpoint.path)["x"] == 2
+    finally:
+        import shutil
+
+        shutil.rmtree(storage, ignore_errors=True)
+
+
+def _profiled():
+    import ray
+    import torch
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    from sgd_torch import TorchWorkerProfiler
+
+    profiler = TorchWorkerProfiler()  # writes its traces into the worker host's private /tmp
+    model = torch.nn.Linear(4, 1)
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=0, active=1),
+                 on_trace_ready=profiler.trace_handler) as prof:
+        for _ in range(2):
+            model(torch.randn(8, 4)).sum().backward()
+            prof.step()
+    sgd.report(ip=ray.util.get_node_ip_address(), **profiler.get_and_clear_profile_traces())
+
+
+def test_per_rank_profiler_traces_from_worker_hosts_reach_the_run_directory(hosts):
+    pytest.importorskip("torch")
+    from sgd_loggers import TorchTensorboardProfilerCallback
+
+    trainer = sgd.Trainer(backend="torch", num_workers=2, placement_strategy="SPREAD")
+    trainer.start()
+    try:
+        trainer.run(_profiled, callbacks=[TorchTensorboardProfilerCallback()])
+    finally:
+        trainer.shutdown()
+    traces = sorted(p for p in trainer.latest_run_dir.rglob("*.pt.trace.json*"))
+    assert len({p.name.split(".")[0] for p in traces}) == 2, traces  # one worker's traces each
+    assert all(p.stat().st_size > 0 for p in traces)

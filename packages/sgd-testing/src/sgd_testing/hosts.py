@@ -298,6 +298,7 @@ class HostCluster:
 
         if num_hosts < 0:
             raise ValueError(f"num_hosts must be >= 0, got {num_hosts}")
+        self._own_dir = base_dir is None
         self.base_dir = Path(base_dir or tempfile.mkdtemp(prefix="sgdhc-"))
         self.base_dir.mkdir(parents=True, exist_ok=True)
         self.private = private
@@ -429,6 +430,10 @@ class HostCluster:
                 host.stop()
         with contextlib.suppress(Exception):
             self.head.stop()
+        if self._own_dir and not self.head.alive and not any(h.alive for h in self.hosts):
+            import shutil
+
+            shutil.rmtree(self.base_dir, ignore_errors=True)
 
 
 @contextlib.contextmanager

@@ -253,7 +253,11 @@ class ActiveRun:
         if group is None or not group.metadata:
             return
         ours = {m.node_id for m in group.metadata}
-        nodes = cluster_nodes()
+        try:
+            nodes = cluster_nodes()
+        except Exception:  # no GCS client here (Ray Client), or the GCS is briefly away
+            logger.debug("could not read the cluster's nodes", exc_info=True)
+            return
         for i, meta in enumerate(group.metadata):
             info = nodes.get(meta.node_id)
             if info is not None and not info.alive:

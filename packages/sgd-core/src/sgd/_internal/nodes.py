@@ -57,12 +57,14 @@ class NodeInfo:
 def _gcs() -> object:
     import ray
 
-    return ray._private.worker.global_worker.gcs_client
+    return getattr(ray._private.worker.global_worker, "gcs_client", None)
 
 
 def cluster_nodes() -> Dict[str, NodeInfo]:
     """Every node the GCS knows, alive or dead, with drain deadlines (two GCS calls)."""
     gcs = _gcs()
+    if gcs is None:
+        return {}
     infos = gcs.get_all_node_info(timeout=10)  # type: ignore[attr-defined]
     try:
         draining = {str(k): int(v) for k, v in gcs.get_draining_nodes(timeout=10).items()}  # type: ignore[attr-defined]
@@ -105,7 +107,12 @@ class NodeWatch:
         wanted = set(node_ids)
         if not wanted:
             return {}
-        nodes = cluster_nodes() if nodes is None else nodes
+        if nodes is None:
+            try:
+                nodes = cluster_nodes()
+            except Exception:  # without the GCS's view, no host is known to be lost
+                logger.debug("could not read the cluster's nodes", exc_info=True)
+                return {}
         gone: Dict[str, NodeInfo] = {}
         probe = []
         for node_id in wanted:
@@ -132,7 +139,12 @@ class NodeWatch:
     def avoid(self, nodes: Optional[Dict[str, NodeInfo]] = None) -> Set[str]:
         """Node ids a new placement must avoid: hosts found lost that the GCS still lists as
         alive, and draining hosts."""
-        nodes = cluster_nodes() if nodes is None else nodes
+        if nodes is None:
+            try:
+                nodes = cluster_nodes()
+            except Exception:
+                logger.debug("could not read the cluster's nodes", exc_info=True)
+                return set(self._lost)
         for node_id in list(self._lost):
             info = nodes.get(node_id)
             if info is None or not info.alive:

@@ -54,6 +54,8 @@ class ScriptRunner:
     :param module: run ``target`` as a module (``python -m``).
     :param cwd: the driver's working directory; used on the worker when it exists there.
     :param sink: the output sink actor, or ``None`` to leave the streams alone.
+    :param bundle: the script's directory (for a module, the working directory) packed by the
+        driver (:mod:`sgd.launcher.ship`): a worker whose host lacks the script runs the copy.
     """
 
     target: str
@@ -61,8 +63,34 @@ class ScriptRunner:
     module: bool = False
     cwd: Optional[str] = None
     sink: Any = None
+    bundle: Any = None
+
+    def _localized(self) -> Any:
+        """This runner with the script, and the working directory, found on this host: as given
+        when they exist here, else in the unpacked bundle."""
+        bundle = self.bundle
+        if bundle is None:
+            return self
+        present = os.path.isdir(self.cwd) if self.module else os.path.isfile(self.target)
+        if present:
+            return self
+        from sgd.launcher.ship import unpack
+
+        root = unpack(bundle)
+        if self.module:
+            return dataclasses.replace(self, cwd=root, bundle=None)
+        rel = os.path.relpath(self.target, bundle.root)
+        target = os.path.join(root, rel)
+        cwd = self.cwd
+        if cwd is None or not os.path.isdir(cwd):
+            inside = cwd is not None and not os.path.relpath(cwd, bundle.root).startswith("..")
+            cwd = os.path.join(root, os.path.relpath(cwd, bundle.root)) if inside else root
+        return dataclasses.replace(self, target=target, cwd=cwd, bundle=None)
 
     def __call__(self) -> None:
+        local = self._localized()
+        if local is not self:
+            return local()  # type: ignore[no-any-return]
         from sgd.session import get_session
 
         session = get_session()
@@ -103,9 +131,9 @@ class ScriptRunner:
                     import socket
 
                     raise FileNotFoundError(
-                        f"script {self.target} not found on worker rank {rank} ({socket.gethostname()}); "
-                        "on a multi-node cluster the script must be at the same path on every node "
-                        "(a shared filesystem)."
+                        f"script {self.target} not found on worker rank {rank} ({socket.gethostname()}) and "
+                        "not shipped (its directory exceeds SGD_RUN_SHIP_LIMIT_MB); put it at the same path "
+                        "on every host (a shared file system) or raise the limit."
                     )
                 sys.argv = [self.target, *self.args]
                 sys.path.insert(0, os.path.dirname(self.target))
@@ -388,7 +416,12 @@ def launch(
             sink = start_sink()
             pump = OutputPump(sink, OutputPrinter(num_workers))
         trainer.start()
-        runner = ScriptRunner(resolved, tuple(args), module, os.getcwd(), sink)
+        from sgd.launcher.ship import pack
+
+        # Hosts with their own disks lack the script: ship its directory, as `ray job submit
+        # --working-dir` does (used only where the script is not found at its path).
+        bundle = pack(os.getcwd()) if module else pack(os.path.dirname(resolved), must_include=resolved)
+        runner = ScriptRunner(resolved, tuple(args), module, os.getcwd(), sink, bundle)
         iterator = trainer.run_iterator(runner)
         result.run_dir = trainer.latest_run_dir
         if on_start is not None and result.run_dir is not None:
