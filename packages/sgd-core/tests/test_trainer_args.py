@@ -1,5 +1,6 @@
 """Trainer construction and argument checking: no workers are started here."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -135,3 +136,31 @@ def test_to_tune_trainable_without_sgd_tune(monkeypatch):
     finally:
         monkeypatch.delenv("SGD_DISABLE_PLUGIN_AUTOLOAD")
         plugins.reset()
+
+
+def test_an_unreachable_head_fails_fast_naming_its_address():
+    """Ray retries an unreachable RAY_ADDRESS for minutes; sgd says what is wrong at once."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:  # a port on loopback that nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = ("import sgd\n"
+              "try:\n"
+              "    sgd.Trainer(backend='base', num_workers=1).start()\n"
+              "except ConnectionError as e:\n"
+              "    print('ERROR:', e)\n")
+    env = {**os.environ, "RAY_ADDRESS": f"127.0.0.1:{port}", "SGD_CONNECT_TIMEOUT_S": "2"}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert f"ERROR: cannot reach the Ray head at 127.0.0.1:{port} (RAY_ADDRESS)" in out.stdout, out.stderr[-2000:]
+    assert "ray start --head" in out.stdout
+
+
+@pytest.mark.parametrize("value", [-1, "soon", float("nan"), True])
+def test_placement_timeout_must_be_seconds(value):
+    with pytest.raises(ValueError, match="placement_timeout_s must be a number of seconds"):
+        sgd.Trainer(backend="base", placement_timeout_s=value)
+    with pytest.raises(ValueError, match="placement_timeout_s must be a number of seconds"):
+        sgd.FailureConfig(placement_timeout_s=value)

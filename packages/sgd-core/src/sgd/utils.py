@@ -28,11 +28,43 @@ def ensure_ray() -> None:
     import ray
 
     if not ray.is_initialized():
+        address = os.environ.get("RAY_ADDRESS") or "local"
+        check_head_reachable(address)
         # The dashboard costs seconds at start and memory; opt in with SGD_RAY_DASHBOARD=1.
         ray.init(
-            address=os.environ.get("RAY_ADDRESS") or "local",
+            address=address,
             include_dashboard=os.environ.get("SGD_RAY_DASHBOARD", "0") == "1",
         )
+
+
+def check_head_reachable(address: str, timeout: Optional[float] = None) -> None:
+    """Fail fast, naming the address, when a ``host:port`` Ray head does not accept a TCP
+    connection (Ray itself retries for minutes). ``local``, ``auto`` and ``ray://`` addresses
+    are left to Ray.
+
+    :raises ConnectionError: nothing answers at ``address`` within ``timeout`` seconds
+        (``SGD_CONNECT_TIMEOUT_S``, default 10).
+    """
+    import socket
+
+    if address in ("local", "auto") or "://" in address or ":" not in address:
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        port_number = int(port)
+    except ValueError:
+        raise ValueError(f"RAY_ADDRESS={address!r} is not host:port (or 'auto', 'local', ray://...)") from None
+    wait = float(os.environ.get("SGD_CONNECT_TIMEOUT_S", "10")) if timeout is None else timeout
+    try:
+        with socket.create_connection((host.strip("[]"), port_number), timeout=wait):
+            return
+    except OSError as exc:
+        reason = "timed out" if isinstance(exc, socket.timeout) else (exc.strerror or str(exc))
+        raise ConnectionError(
+            f"cannot reach the Ray head at {address} (RAY_ADDRESS): {reason}. Start it there with "
+            f"`ray start --head --port={port_number}`, or point RAY_ADDRESS at the running head "
+            "(`ray status` on the head prints its address); unset RAY_ADDRESS for a local Ray."
+        ) from None
 
 
 def wrap_train_func(train_func: Callable[..., Any], config: Any) -> Callable[[], Any]:
