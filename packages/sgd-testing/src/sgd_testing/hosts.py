@@ -150,7 +150,7 @@ class Host:
                                  for p in ("/tmp", "/dev/shm", results))
             cmd = ["unshare", "-m", "--propagation", "private", "sh", "-c",
                    f"{mounts} && exec {' '.join(shlex.quote(c) for c in cmd)}"]
-        env = {**os.environ, **CLUSTER_ENV, **self.cluster.env}
+        env = {**os.environ, **CLUSTER_ENV, **self.cluster.auth_env(), **self.cluster.env}
         env.pop("RAY_ADDRESS", None)
         log = open(self.log_path, "ab")
         try:
@@ -260,7 +260,7 @@ class Host:
         if reason not in reasons:
             raise ValueError(f"reason must be one of {sorted(reasons)}, got {reason!r}")
         ray = str(Path(sys.executable).with_name("ray"))
-        env = {**os.environ, **CLUSTER_ENV, **self.cluster.env}
+        env = {**os.environ, **CLUSTER_ENV, **self.cluster.auth_env(), **self.cluster.env}
         proc = subprocess.run(
             [ray, "drain-node", f"--address={self.cluster.address}", f"--node-id={self.node_id}",
              f"--reason={reasons[reason]}", f"--reason-message={message}",
@@ -311,6 +311,21 @@ class HostCluster:
         self._cpus_per_host = cpus_per_host
         self._next_ip = int(head_ip.rsplit(".", 1)[1]) + 1
         self._gcs: Any = None
+        self._saved_env: Dict[str, Optional[str]] = {}
+        self._auth_mode: Optional[str] = None
+
+    def auth_env(self) -> Dict[str, str]:
+        """The auth mode every process of the cluster uses: the one this process's Ray already
+        uses when a ``ray.init()`` here turned token authentication on (Ray keeps it across
+        ``ray.shutdown``; the token file in the shared home serves every host), else disabled."""
+        if self._auth_mode is None:
+            self._auth_mode = "disabled"
+            with contextlib.suppress(Exception):
+                from ray._private.authentication.authentication_utils import is_token_auth_enabled
+
+                if is_token_auth_enabled():
+                    self._auth_mode = "token"
+        return {"RAY_AUTH_MODE": self._auth_mode}
 
     @property
     def address(self) -> str:
@@ -393,8 +408,13 @@ class HostCluster:
         """``ray.init`` this process as a driver on the head host."""
         import ray
 
-        for key, value in CLUSTER_ENV.items():
-            os.environ.setdefault(key, value)
+        # Set, not defaulted: the driver and the hosts must agree on the auth mode (a driver
+        # with token auth cannot be called back by workers of hosts without it: their actors
+        # are cancelled before they start).
+        for key, value in {**CLUSTER_ENV, **self.auth_env()}.items():
+            self._saved_env.setdefault(key, os.environ.get(key))
+            os.environ[key] = value
+        _refresh_ray_config()
         if ray.is_initialized():
             ray.shutdown()
         init_kwargs.setdefault("log_to_driver", True)
@@ -430,10 +450,27 @@ class HostCluster:
                 host.stop()
         with contextlib.suppress(Exception):
             self.head.stop()
+        for key, value in self._saved_env.items():  # the driver's environment as connect() found it
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        if self._saved_env:
+            self._saved_env.clear()
+            _refresh_ray_config()
         if self._own_dir and not self.head.alive and not any(h.alive for h in self.hosts):
             import shutil
 
             shutil.rmtree(self.base_dir, ignore_errors=True)
+
+
+def _refresh_ray_config() -> None:
+    """Make this process's Ray read its settings (the auth mode) from the environment again:
+    Ray caches them at the first ``ray.init`` and keeps them across ``ray.shutdown``."""
+    with contextlib.suppress(Exception):
+        from ray._raylet import Config
+
+        Config.initialize("")
 
 
 @contextlib.contextmanager
