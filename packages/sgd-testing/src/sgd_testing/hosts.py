@@ -19,9 +19,11 @@ machine may be running Ray too.
 Creating mount namespaces needs root (``CAP_SYS_ADMIN``); :func:`namespaces_unavailable` says
 why it cannot be done, and the ``host_cluster`` fixture skips with that reason.
 
-Ray 2.5x and later ask for token authentication on some entry points when
-``RAY_AUTH_MODE`` is set to ``token``; every process of the cluster (and the driver) gets
-``RAY_AUTH_MODE=disabled`` so a loopback-only test cluster needs no token (docs/clusters.md).
+Ray 2.5x and later turn token authentication on for a process once it ran a local
+``ray.init()`` (or found ``~/.ray/auth_token`` at ``ray start``), and keep it across
+``ray.shutdown``. Every process of the cluster and the driver must agree: they all get
+``RAY_AUTH_MODE=disabled`` (a loopback-only test cluster), or ``token`` when this process's
+Ray already uses it (the token file in the shared home serves every host). See docs/clusters.md.
 """
 
 from __future__ import annotations
