@@ -616,10 +616,9 @@ class WorkerGroup:
 def capacity_summary(bundle: Dict[str, float], avoid: Collection[str] = ()) -> str:
     """Where workers of ``bundle`` could go now: per alive host, how many fit in its free
     resources; hosts being avoided (lost or draining) and dead ones are named as such."""
-    from ray._private.state import available_resources_per_node
+    from sgd._internal.scaling import fit_per_node
 
-    need = {k: v for k, v in bundle.items() if v > 0}
-    free = available_resources_per_node()
+    fits = fit_per_node(bundle)
     parts, unusable = [], []
     for node in ray.nodes():
         node_id, ip = node.get("NodeID", ""), node.get("NodeManagerAddress", "?")
@@ -628,8 +627,7 @@ def capacity_summary(bundle: Dict[str, float], avoid: Collection[str] = ()) -> s
         if node_id in avoid:
             unusable.append(f"{ip} (lost or draining)")
             continue
-        avail = free.get(node_id, {})
-        fit = min((int((avail.get(k, 0) + 1e-9) // v) for k, v in need.items()), default=0)
+        fit = fits.get(node_id, 0)
         if node.get("Resources", {}).get("CPU", 0) or fit:
             parts.append(f"{ip}: {fit}")
     text = "workers that fit now, per host: " + (", ".join(parts) if parts else "none")

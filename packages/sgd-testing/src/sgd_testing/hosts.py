@@ -442,9 +442,6 @@ class HostCluster:
         wait_for(ready, timeout=timeout, message=f"the resources of hosts {sorted(want)} did not show up"
                  + (" free" if free else ""))
 
-    def host_of(self, node_id: str) -> Optional[Host]:
-        return next((h for h in self.hosts if h.node_id == node_id), None)
-
     def shutdown(self) -> None:
         """Stop every host (worker hosts first), whatever state each is in."""
         for host in reversed(self.hosts):

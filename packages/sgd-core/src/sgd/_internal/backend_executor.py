@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Set
 import ray
 from ray.exceptions import RayActorError
 
-from sgd._internal.nodes import NodeWatch
+from sgd._internal.nodes import NodeInfo, NodeWatch
 from sgd._internal.protocol import DirectWrite
 from sgd._internal.rounds import RoundCollector, short_error
 from sgd._internal.scaling import fitting_workers
@@ -241,11 +241,14 @@ class BackendExecutor:
         logger.info("restart: %.2fs to stop the runs and place the new workers, %.2fs to set the backend up",
                     placed - begun, time.monotonic() - placed)
 
-    def room(self) -> int:
+    def room(self, nodes: Optional[Dict[str, NodeInfo]] = None) -> int:
         """How many workers the group could have now if it were placed anew: the workers of
-        ours that run on hosts that stay count as free; lost and draining hosts are left out."""
+        ours that run on hosts that stay count as free; lost and draining hosts are left out.
+
+        :param nodes: the cluster's nodes as just read (:func:`~sgd._internal.nodes.cluster_nodes`).
+        """
         wg = self.worker_group
-        avoid = self.nodes.avoid()
+        avoid = self.nodes.avoid(nodes)
         ours: Dict[str, int] = {}
         for meta in wg.metadata if wg is not None else []:
             if meta.node_id not in avoid:

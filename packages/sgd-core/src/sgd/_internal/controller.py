@@ -149,8 +149,6 @@ class ActiveRun:
         self._drain_stays_logged = False
         self._move: Optional[str] = None
         self._next_grow_check = time.monotonic() + GROW_CHECK_INTERVAL_S
-        #: restarts that were not failures (drained hosts, growth), each with its reason.
-        self.moves: List[str] = []
         self.finished = False
         self.returns: Optional[List[Any]] = None
         # A failure while the run starts is held and comes out of the first next().
@@ -211,7 +209,6 @@ class ActiveRun:
         """Restart the group elsewhere or at another size, from the latest checkpoint, without
         counting a failure: a host is draining, or an elastic group has room to grow."""
         logger.warning("%s; restarting the workers from the latest checkpoint (not a failure)", reason)
-        self.moves.append(reason)
         try:
             self._restart(None, move=True)
         except WorkerDiedError as exc:
@@ -270,7 +267,7 @@ class ActiveRun:
             self._drain = draining
             self._announce_drain(group, draining)
         deadline = min(n.drain_deadline or math.inf for n in self._drain.values())
-        if time.time() >= deadline - DRAIN_MARGIN_S and self._executor.room() >= self._executor.min_workers:
+        if time.time() >= deadline - DRAIN_MARGIN_S and self._executor.room(nodes) >= self._executor.min_workers:
             where = ", ".join(n.describe() for n in self._drain.values())
             raise _Relocate(f"host {where} is draining and its deadline is {max(0.0, deadline - time.time()):.0f}s "
                             "away with no checkpoint since the notice; leaving it now")
@@ -287,19 +284,18 @@ class ActiveRun:
         # Two steps, so that every worker shows the notice from the same report on: ask each
         # how far it got (its next report waits until told), then tell all the first report
         # none of them has passed.
-        asks = [w._sgd_notice.remote(info) for w in group.workers]
-        counts = []
-        for ref in asks:
-            try:
-                counts.append(ray.get(ref, timeout=30))
-            except (RayError, TimeoutError):
-                pass  # a dead worker: its death is handled where its poll fails
+        def answers(refs: List[Any]) -> List[Any]:
+            out = []
+            for ref in refs:
+                try:
+                    out.append(ray.get(ref, timeout=30))
+                except (RayError, TimeoutError):
+                    pass  # a dead worker: its death is handled where its poll fails
+            return out
+
+        counts = answers([w._sgd_notice.remote(info) for w in group.workers])
         start = max(counts, default=0) + 1
-        for ref in [w._sgd_notice_from.remote(start) for w in group.workers]:
-            try:
-                ray.get(ref, timeout=30)
-            except (RayError, TimeoutError):
-                pass
+        answers([w._sgd_notice_from.remote(start) for w in group.workers])
 
     def _after_checkpoint(self) -> None:
         """A checkpoint was just committed (the workers wait for its acknowledgement): leave a

@@ -151,9 +151,6 @@ class NodeWatch:
                 del self._lost[node_id]  # Ray no longer offers it
         return set(self._lost) | {i for i, n in nodes.items() if n.alive and n.draining}
 
-    def forget(self) -> None:
-        self._lost.clear()
-
 
 def avoid_selector(node_ids: Iterable[str]) -> Optional[Dict[str, str]]:
     """A Ray label selector (``ray.io/node-id``) that keeps a bundle off ``node_ids``."""
