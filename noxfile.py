@@ -20,7 +20,8 @@ CONSTRAINTS = ("-c", "constraints.txt")
 PACKAGES = ["packages/sgd-core", "packages/sgd-torch", "packages/sgd-testing", "packages/sgd-loggers"]
 TEST_DEPS = ["pytest>=8", "pytest-timeout", "setuptools", "wheel", "numpy", "pyarrow", "fsspec", "ray[data]",
              "moto[server]",  # moto: a real S3 server process for the s3:// storage tests
-             "torch-tb-profiler"]  # TensorBoard's PyTorch Profiler plugin parses the traces sgd writes
+             "torch-tb-profiler",  # TensorBoard's PyTorch Profiler plugin parses the traces sgd writes
+             "import-linter"]  # tests/test_layers.py runs the import contracts
 # The test session also installs the packages with heavy optional parts, with those parts.
 TEST_PACKAGES = [
     "packages/sgd-loggers[mlflow,wandb,tensorboard,plot]",
@@ -72,13 +73,15 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    """ruff on everything, mypy on every package, and a check that a user's mypy sees the
-    installed packages as typed."""
-    _install(session, "ruff", "mypy", "typing_extensions")
+    """ruff on everything, the import contracts (sgd-core's layers, no cycles, plugins use
+    only public modules: ``[tool.importlinter]`` in pyproject.toml), mypy on every package,
+    and a check that a user's mypy sees the installed packages as typed."""
+    _install(session, "ruff", "mypy", "typing_extensions", "import-linter")
     # The packages with heavy frameworks, without them: mypy needs only their own sources.
     no_deps = ["packages/sgd-tune", "packages/sgd-tensorflow", "packages/sgd-horovod"]
     session.install("--no-deps", *[arg for p in no_deps for arg in ("-e", p)])
     session.run("ruff", "check", ".")
+    session.run("lint-imports", "--no-cache")
     session.run("mypy", *MYPY_TARGETS)
     # A user's mypy reads sgd's hints only through the py.typed markers: check a use of the
     # installed packages from outside the repository, with no mypy settings at all.

@@ -74,7 +74,7 @@ def _write_parquet(rows: int, where: Path) -> str:
 def _parquet_few_footer_actors(path: str):
     """``read_parquet`` with its footer-reading actor pool cut to the batches there are (Ray
     Data starts 32 actors per listing by default, sends files 10 at a time): the one-process
-    baseline tuned the way sgd's parts are (``sgd._internal.data_parts._listing_indexer``)."""
+    baseline tuned the way sgd's parts are (``sgd._common.data_parts._listing_indexer``)."""
     import os
 
     import ray.data

@@ -1,13 +1,21 @@
 """The layering rules, checked on the source: plugins use only sgd's public API, and
-sgd-core's modules import each other without a circle.
+sgd-core's modules import each other without a circle, in the layers written down in the
+repository's ``pyproject.toml`` (``[tool.importlinter]``, run by ``nox -s lint``).
 
-Imports are read with ``ast`` from every ``.py`` file, including imports inside functions;
-imports under ``if TYPE_CHECKING:`` are left out (they never run).
+Two independent readers: import-linter (grimp), and a small ``ast`` reader here. Both count
+imports inside functions and under ``if TYPE_CHECKING:``.
 """
 
 import ast
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Dict, Iterator, List, Set, Tuple
+
+import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ROOT / "packages"
@@ -29,18 +37,12 @@ def _module_name(src: Path, path: Path) -> str:
 
 
 class _Imports(ast.NodeVisitor):
-    """``(module, names)`` of every import statement that runs (not under TYPE_CHECKING)."""
+    """``(module, names, line)`` of every import statement, also in functions and under
+    ``TYPE_CHECKING`` (a type-only edge still ties the modules together for a reader)."""
 
     def __init__(self, module: str, is_package: bool):
         self.module, self.is_package = module, is_package
         self.found: List[Tuple[str, List[str], int]] = []
-
-    def visit_If(self, node: ast.If) -> None:
-        if "TYPE_CHECKING" in ast.unparse(node.test):
-            for child in node.orelse:
-                self.visit(child)
-            return
-        self.generic_visit(node)
 
     def visit_Import(self, node: ast.Import) -> None:
         for alias in node.names:
@@ -148,3 +150,86 @@ def test_the_launcher_sits_above_the_trainer():
     assert "sgd.trainer" in graph["sgd.launcher"]
     below = {m for m in graph if m.startswith("sgd._internal")} | {"sgd.trainer", "sgd.worker_group"}
     assert not any(m.startswith("sgd.launcher") for b in below for m in graph[b])
+
+
+# --- import-linter: the contracts in pyproject.toml ------------------------------------------
+
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+
+
+def _lint_imports(cwd: Path, config: Path, pythonpath: str = "") -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=pythonpath) if pythonpath else dict(os.environ)
+    return subprocess.run([str(LINT_IMPORTS), "--config", str(config), "--no-cache"], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_import_linter_contracts_hold():
+    done = _lint_imports(ROOT, ROOT / "pyproject.toml")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 broken" in done.stdout
+
+
+def _sgd_only_config(tmp_path: Path) -> Path:
+    """The repository's sgd-core contracts, for a copy of sgd alone."""
+    settings = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    contracts = [c for c in settings["contracts"] if c["id"] in ("sgd-layers", "sgd-acyclic")]
+    assert len(contracts) == 2
+    lines = ['[tool.importlinter]', 'root_package = "sgd"', '']
+    for c in contracts:
+        lines.append("[[tool.importlinter.contracts]]")
+        for key, value in c.items():
+            if isinstance(value, bool):
+                lines.append(f"{key} = {str(value).lower()}")
+            elif isinstance(value, list):
+                lines.append(f"{key} = [" + ", ".join(f'"{v}"' for v in value) + "]")
+            else:
+                lines.append(f'{key} = "{value}"')
+        lines.append("")
+    config = tmp_path / "contracts.toml"
+    config.write_text("\n".join(lines))
+    return config
+
+
+PLANTED = {
+    # a leaf importing the trainer closes a circle (the trainer imports the leaf)
+    "module level": ("errors.py", "\nfrom sgd.trainer import Trainer  # noqa\n"),
+    "inside a function": ("checkpoint/format.py",
+                          "\n\ndef _late():\n    from sgd.trainer import Trainer\n    return Trainer\n"),
+    "type only": ("backend.py", "\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                "    from sgd.worker_group import WorkerGroup  # noqa\n"),
+}
+
+
+@pytest.mark.parametrize("where", sorted(PLANTED))
+def test_import_linter_fails_on_a_new_cycle(tmp_path, where):
+    copy = tmp_path / "src"
+    shutil.copytree(PACKAGES / "sgd-core" / "src" / "sgd", copy / "sgd",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    config = _sgd_only_config(tmp_path)
+    clean = _lint_imports(tmp_path, config, str(copy))
+    assert clean.returncode == 0, clean.stdout + clean.stderr  # the copy itself is fine
+    name, text = PLANTED[where]
+    with open(copy / "sgd" / name, "a") as f:
+        f.write(text)
+    broken = _lint_imports(tmp_path, config, str(copy))
+    assert broken.returncode != 0, broken.stdout
+    assert "BROKEN" in broken.stdout
+    assert "sgd.trainer" in broken.stdout or "sgd.worker_group" in broken.stdout
+
+
+def test_few_function_level_imports_of_sgd_itself():
+    """Function-level imports of sgd's own modules hide edges; only modules that pull in a
+    heavy optional dependency at import time (``ray.data``) are imported late."""
+    src = PACKAGES / "sgd-core" / "src"
+    late = []
+    for path in sorted((src / "sgd").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for inner in ast.walk(node):
+                    if isinstance(inner, (ast.Import, ast.ImportFrom)):
+                        names = [inner.module or ""] if isinstance(inner, ast.ImportFrom) else \
+                            [a.name for a in inner.names]
+                        if any(n == "sgd" or n.startswith("sgd.") for n in names) and inner.level == 0:
+                            late.append(f"{path.relative_to(src)}:{inner.lineno}")
+    assert len(set(late)) <= 8, "function-level imports of sgd modules:\n" + "\n".join(sorted(set(late)))

@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 
 import sgd
-from sgd._internal.checkpoint_manager import CheckpointManager
 from sgd.checkpoint import (
     METADATA_FILE,
     CheckpointIntegrityError,
     UntrustedCheckpointError,
     write_dict_dir,
 )
+from sgd.checkpoint.manager import CheckpointManager
 from sgd.codecs import Codec, save_safe
 from sgd.plugins import get_plugin_manager
 
@@ -39,7 +39,7 @@ class _Evil:
 def _plant(checkpoint: Path, marker: Path) -> None:
     """Replace the state file with a malicious pickle and fix the recorded digest, as an
     attacker who controls the whole folder would."""
-    from sgd._internal.integrity import file_digest
+    from sgd.checkpoint.integrity import file_digest
 
     meta = json.loads((checkpoint / METADATA_FILE).read_text())
     state_file = checkpoint / meta["state_file"]

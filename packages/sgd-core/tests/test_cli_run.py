@@ -85,7 +85,7 @@ def test_script_runs_as_main_with_its_arguments(ray_cluster, tmp_path, monkeypat
 
 
 def test_env_set_for_every_rank():
-    from sgd._internal.session import WorkerContext
+    from sgd._worker.session import WorkerContext
 
     contexts = [WorkerContext(0, 0, 3, 0, 2), WorkerContext(1, 1, 3, 0, 2), WorkerContext(2, 0, 3, 1, 1)]
     envs = launcher_env(contexts, "abc", 2, 5, "/runs/run_001")

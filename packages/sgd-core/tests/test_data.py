@@ -361,7 +361,7 @@ def test_a_part_starts_the_footer_readers_its_files_need(ray_cluster, tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from sgd._internal.data_parts import _chain, _listing_indexer
+    from sgd._common.data_parts import _chain, _listing_indexer
 
     for f in range(4):
         pq.write_table(pa.table({"id": [f]}), tmp_path / f"part-{f}.parquet")

@@ -331,3 +331,27 @@ def test_a_failed_run_runs_the_backends_hooks_on_its_worker_first(ray_cluster, t
         assert sorted(p.name for p in tmp_path.iterdir()) == ["failed_1"]
     finally:
         trainer.shutdown()
+
+
+def test_a_run_goes_through_explicit_states_decided_by_the_policies(trainer_factory):
+    """One death mid-run: STARTING -> RUNNING -> RESTARTING -> RUNNING -> FINISHED; the
+    failure policy's second Retry is never asked for; a run whose retries run out ends ERRORED."""
+    from sgd._internal.controller import RunState
+
+    trainer = trainer_factory(max_retries=1)
+    iterator = trainer.run_iterator(_deterministic, config={"steps": 5})
+    killer = KillWorker(at=[2], key="step")
+    for results in iterator:
+        killer.handle_result(results)
+    run = iterator._run
+    assert run.transitions == [RunState.STARTING, RunState.RUNNING, RunState.RESTARTING, RunState.RUNNING,
+                               RunState.FINISHED]
+    assert run._policy.failures == 1
+
+    iterator = trainer.run_iterator(_deterministic, config={"steps": 6})
+    killer = KillWorker(at=[2, 4], key="step")
+    with pytest.raises(sgd.TrainingFailedError, match=r"after 2 attempts \(max_retries=1\)"):
+        for results in iterator:
+            killer.handle_result(results)
+    assert iterator._run.transitions[-3:] == [RunState.RESTARTING, RunState.RUNNING, RunState.ERRORED]
+    assert iterator.is_finished()

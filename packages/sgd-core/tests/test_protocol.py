@@ -4,7 +4,7 @@ writes a round by joining them (issue 20). No Ray here: the functions the two si
 import json
 import math
 
-from sgd._internal.protocol import CHECKPOINT_KEY, DETAIL_KEY, LINE_KEY, decode_round, encode_line
+from sgd._common.protocol import CHECKPOINT_KEY, DETAIL_KEY, LINE_KEY, decode_round, encode_line
 
 
 def _report(**metrics):

@@ -244,7 +244,7 @@ def test_workers_run_ahead_by_a_bounded_number(trainer_2):
 
 
 def _buffered_count():
-    from sgd._internal.session import STATE
+    from sgd._worker.session import STATE
 
     return len(STATE.session._items)
 

@@ -23,7 +23,7 @@ class _Evil:
 
 
 def _plant(checkpoint: Path, marker: Path) -> None:
-    from sgd._internal.integrity import file_digest
+    from sgd.checkpoint.integrity import file_digest
 
     meta = json.loads((checkpoint / METADATA_FILE).read_text())
     state_file = checkpoint / meta["state_file"]

@@ -18,10 +18,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+from sgd._common.protocol import detailed_metrics_enabled, strip_detailed
 from sgd.backend import BackendConfig
 from sgd.callbacks import TrainingCallback
 from sgd.checkpoint import Checkpoint, CheckpointStrategy
+from sgd.checkpoint.storage import is_uri
 from sgd.data import DatasetConfig
+from sgd.plugins import get_plugin_manager
+from sgd.runs import checkpoints, read_settings, result_rows, run_status
+from sgd.trainer import Trainer
+from sgd.utils import resolve_num_workers, resolve_resources, results_root, wrap_train_func
+from sgd.worker_group import PLACEMENT_STRATEGIES
 
 logger = logging.getLogger("sgd")
 
@@ -50,8 +57,6 @@ class ScalingConfig:
     trainer_resources: Optional[Dict[str, float]] = None
 
     def __post_init__(self) -> None:
-        from sgd.utils import resolve_num_workers, resolve_resources
-        from sgd.worker_group import PLACEMENT_STRATEGIES
 
         resolve_num_workers(self.num_workers)
         resolve_resources(self.use_gpu, self.resources_per_worker)
@@ -175,7 +180,6 @@ class Result:
         run = Path(path).expanduser().resolve()
         if not run.is_dir():
             raise FileNotFoundError(f"no run directory at {run}")
-        from sgd.runs import checkpoints, result_rows
 
         rows = [r[0] for r in result_rows(run)]
         _add_ray_fields(run, rows, finished=error is None)
@@ -214,8 +218,6 @@ RAY_RESULT_FIELDS = {
 
 def _add_ray_fields(run: Path, rows: List[Dict[str, Any]], finished: bool) -> None:
     """Give each of rank 0's rows Ray Train's result fields (see :attr:`Result.metrics`), in place."""
-    from sgd._internal.protocol import detailed_metrics_enabled, strip_detailed
-    from sgd.runs import read_settings, run_status
 
     try:
         settings = read_settings(run)
@@ -267,7 +269,6 @@ class DataParallelTrainer:
         resume_from_checkpoint: Any = None,
         metadata: Optional[Dict[str, Any]] = None,
     ):
-        from sgd.utils import wrap_train_func
 
         if not callable(train_loop_per_worker):
             raise TypeError(f"train_loop_per_worker must be a function, got {type(train_loop_per_worker).__name__}")
@@ -296,8 +297,6 @@ class DataParallelTrainer:
 
     def _experiment_dir(self) -> Tuple[Path, Optional[str]]:
         """The local folder runs go to, and the storage URI checkpoints are mirrored to."""
-        from sgd._internal.storage import is_uri
-        from sgd.utils import results_root
 
         name = self.run_config.name or (
             f"{type(self).__name__}_{datetime.datetime.now().strftime('%Y-%m-%d_%H-%M-%S')}")
@@ -309,7 +308,6 @@ class DataParallelTrainer:
         return Path(storage).expanduser().resolve() / name, None
 
     def _make_trainer(self) -> Any:
-        from sgd.trainer import Trainer
 
         sc = self.scaling_config
         failure_config = self.run_config.failure_config or FailureConfig()
@@ -447,7 +445,6 @@ class DataParallelTrainer:
         ``param_space={"train_loop_config": {...}}`` values are merged into
         ``train_loop_config``. ``tune.Tuner(trainer, ...)`` works too: the trainer is callable.
         """
-        from sgd.plugins import get_plugin_manager
 
         trainable = get_plugin_manager().hook.sgd_tune_trainable(trainer=self, train_func=None, dataset=None)
         if trainable is None:

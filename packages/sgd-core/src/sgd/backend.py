@@ -9,17 +9,49 @@ configures) whose :attr:`~BackendConfig.backend_cls` names a :class:`Backend`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Type
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple, Type
 
-if TYPE_CHECKING:
-    from sgd.worker_group import WorkerGroup
+from sgd._common.run_hooks import RUN_ERROR_HOOKS
+
+
+class Workers(Protocol):
+    """What a :class:`Backend` (and a backend hook) may use of its worker group.
+
+    :class:`sgd.WorkerGroup` is the implementation; backends are written against this
+    protocol, so the backend layer does not depend on how the actors are placed.
+    """
+
+    @property
+    def metadata(self) -> Sequence[Any]:
+        """One record per worker, in world-rank order: ``node_id``, ``node_ip``, ``gpu_ids``, ``pid``..."""
+        ...
+
+    @property
+    def contexts(self) -> Sequence[Any]:
+        """One worker context per worker (ranks, world size), in world-rank order."""
+        ...
+
+    @property
+    def num_gpus_per_worker(self) -> float: ...
+
+    def __len__(self) -> int: ...
+
+    def execute(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> List[Any]: ...
+
+    def execute_async(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> List[Any]: ...
+
+    def execute_single(self, index: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any: ...
+
+    def execute_single_async(self, index: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any: ...
+
+    def preload(self, modules: Tuple[str, ...]) -> None: ...
 
 
 class Backend:
     """Lifecycle of one distributed framework, run on the driver.
 
-    Each method receives the started :class:`~sgd.WorkerGroup` (world-rank
-    order) and runs code on the workers with ``worker_group.execute``.
+    Each method receives the started group (a :class:`~sgd.WorkerGroup`, seen as
+    :class:`Workers`; world-rank order) and runs code on the workers with ``worker_group.execute``.
     The defaults do nothing.
     """
 
@@ -41,21 +73,21 @@ class Backend:
     #: (see :func:`share_cuda_visible_devices`).
     share_cuda_visible_devices: bool = False
 
-    def on_start(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
+    def on_start(self, worker_group: Workers, backend_config: BackendConfig) -> None:
         """Set the framework up on every worker (after ranks are assigned)."""
 
-    def on_training_start(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
+    def on_training_start(self, worker_group: Workers, backend_config: BackendConfig) -> None:
         """Called before each ``Trainer.run``."""
 
-    def on_shutdown(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
+    def on_shutdown(self, worker_group: Workers, backend_config: BackendConfig) -> None:
         """Tear the framework down while the workers are still alive."""
 
     def on_failure(
-        self, worker_group: WorkerGroup, backend_config: BackendConfig, error: BaseException
+        self, worker_group: Workers, backend_config: BackendConfig, error: BaseException
     ) -> None:
         """Called when the group failed, before it is torn down and restarted."""
 
-    def keeps_survivors(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> bool:
+    def keeps_survivors(self, worker_group: Workers, backend_config: BackendConfig) -> bool:
         """Whether a restart after a worker death may keep the workers that survived.
 
         When true, sgd replaces only the workers that died (or did not end their run within a
@@ -103,7 +135,6 @@ def on_worker_run_error(hook: Callable[[], None]) -> None:
     collective's timeout, and a failure spreads through the group in milliseconds. A hook
     registered twice runs once; one that raises is logged and the run's own error is kept.
     """
-    from sgd._internal.run_hooks import RUN_ERROR_HOOKS
 
     if hook not in RUN_ERROR_HOOKS:
         RUN_ERROR_HOOKS.append(hook)
@@ -115,7 +146,7 @@ def _set_env(env: Dict[str, str]) -> None:
     os.environ.update(env)
 
 
-def share_cuda_visible_devices(worker_group: WorkerGroup) -> None:
+def share_cuda_visible_devices(worker_group: Workers) -> None:
     """Let the workers on one node see each other's GPUs: each worker's
     ``CUDA_VISIBLE_DEVICES`` becomes the GPU ids Ray gave to all of the group's workers on
     its node (sorted), and ``SGD_OWN_GPU_IDS`` the ids Ray gave to it alone, so it can still

@@ -17,7 +17,9 @@ import textwrap
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from sgd import plugins
+from sgd import launcher as launch
+from sgd import plugins, runs
+from sgd.utils import results_root
 
 
 def _version(dist: Optional[str]) -> str:
@@ -272,7 +274,6 @@ def _short_value(value: Any) -> str:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from sgd import launcher as launch
 
     def started(run_dir: Any) -> None:
         print(f"sgd run: {args.num_workers} worker(s), backend {args.backend}; run directory {run_dir}",
@@ -327,8 +328,6 @@ def _print_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
 def _cmd_runs_ls(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from sgd import runs
-    from sgd.utils import results_root
 
     root = Path(args.logdir).expanduser() if args.logdir else results_root()
     try:
@@ -360,7 +359,6 @@ def _cmd_runs_ls(args: argparse.Namespace) -> int:
 
 
 def _cmd_runs_show(args: argparse.Namespace) -> int:
-    from sgd import runs
 
     try:
         run_dir = runs.resolve_run_dir(args.run_dir)

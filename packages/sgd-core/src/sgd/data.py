@@ -90,7 +90,7 @@ def _mode(ds: Any, config: DatasetConfig, quiet: bool = False) -> str:
         return "materialised"
     if config.split == "coordinated":
         return "coordinated"
-    from sgd._internal.data_parts import divisible
+    from sgd._common.data_parts import divisible
 
     why = divisible(ds)
     if why is None:
@@ -173,7 +173,7 @@ def _split_one(ds: Any, n: int, config: DatasetConfig, hints: Optional[Sequence[
 def _divide(ds: Any, n: int, config: DatasetConfig) -> Optional[List[DatasetShard]]:
     import ray
 
-    from sgd._internal.data_parts import find_units
+    from sgd._common.data_parts import find_units
 
     units = find_units(ds, min_units=max(4 * n, 8))
     if config.equal and not units.sliceable:
@@ -259,7 +259,7 @@ class DatasetShard:
     def part(self, epoch: Optional[int] = None) -> List[Tuple[int, Optional[int], Optional[int]]]:
         """This worker's units in ``epoch`` (default: the next): ``(unit, first row, end row)``,
         rows ``None`` for a whole unit. Units are the source's read tasks, files or blocks."""
-        from sgd._internal.data_parts import deal
+        from sgd._common.data_parts import deal
 
         units = self._get_units()
         order = list(range(len(units.items)))
@@ -272,7 +272,7 @@ class DatasetShard:
 
     def dataset(self, epoch: Optional[int] = None) -> Any:
         """The Ray Dataset this worker reads in ``epoch`` (default: the next)."""
-        from sgd._internal.data_parts import build_part
+        from sgd._common.data_parts import build_part
 
         epoch = self._next_epoch if epoch is None else epoch
         seed = (self._seed, epoch) if self._seed is not None else None

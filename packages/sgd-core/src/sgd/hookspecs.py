@@ -2,7 +2,7 @@
 
 Plugins implement these with :data:`sgd.hookimpl` and are found through the
 entry-point group ``sgd``. sgd's own defaults are registered as an ordinary
-plugin (``sgd._internal.builtin``), so core goes through the same hooks.
+plugin (``sgd._builtin``), so core goes through the same hooks.
 
 Hook implementations may accept fewer arguments than the spec lists (pluggy
 passes only the ones they name), so specs can grow without breaking plugins.
@@ -17,10 +17,8 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 import pluggy
 
 if TYPE_CHECKING:
-    from sgd.backend import Backend, BackendConfig, BackendSpec
+    from sgd.backend import Backend, BackendConfig, BackendSpec, Workers
     from sgd.callbacks import TrainingCallback
-    from sgd.trainer import Trainer
-    from sgd.worker_group import WorkerGroup
 
 hookspec = pluggy.HookspecMarker("sgd")
 #: Marker for hook implementations; re-exported as ``sgd.hookimpl``.
@@ -95,7 +93,7 @@ def sgd_cli_commands(subparsers: Any) -> None:
 
 
 @hookspec
-def sgd_backend_setup(worker_group: WorkerGroup, backend_config: BackendConfig, backend: Backend) -> None:
+def sgd_backend_setup(worker_group: Workers, backend_config: BackendConfig, backend: Backend) -> None:
     """Make the started workers one training job (process group, ``TF_CONFIG``...).
 
     Called by the driver after the workers are started, ranked, and have run
@@ -115,7 +113,7 @@ def sgd_backend_setup(worker_group: WorkerGroup, backend_config: BackendConfig, 
 
 
 @hookspec
-def sgd_backend_training_start(worker_group: WorkerGroup, backend_config: BackendConfig, backend: Backend) -> None:
+def sgd_backend_training_start(worker_group: Workers, backend_config: BackendConfig, backend: Backend) -> None:
     """Prepare the workers for one call of ``Trainer.run`` (called before each run, and
     before the training function restarts after a failure).
 
@@ -129,7 +127,7 @@ def sgd_backend_training_start(worker_group: WorkerGroup, backend_config: Backen
 
 
 @hookspec
-def sgd_backend_teardown(worker_group: WorkerGroup, backend_config: BackendConfig, backend: Backend) -> None:
+def sgd_backend_teardown(worker_group: Workers, backend_config: BackendConfig, backend: Backend) -> None:
     """Undo :func:`sgd_backend_setup` (destroy process groups...) before the workers stop.
 
     Called by ``Trainer.shutdown`` while the workers are still alive (not after a
@@ -146,7 +144,7 @@ def sgd_backend_teardown(worker_group: WorkerGroup, backend_config: BackendConfi
 
 @hookspec
 def sgd_backend_handle_failure(
-    worker_group: WorkerGroup, backend_config: BackendConfig, backend: Backend, error: BaseException
+    worker_group: Workers, backend_config: BackendConfig, backend: Backend, error: BaseException
 ) -> None:
     """React to a failed worker group before it is torn down and restarted.
 
@@ -165,7 +163,7 @@ def sgd_backend_handle_failure(
 
 
 @hookspec
-def sgd_default_callbacks(trainer: Trainer) -> Sequence[TrainingCallback]:
+def sgd_default_callbacks(trainer: Any) -> Sequence[TrainingCallback]:
     """Callbacks to add to every ``Trainer.run`` of ``trainer``.
 
     All implementations are called; their callbacks run after the ones the
@@ -208,7 +206,7 @@ def sgd_checkpoint_storage(uri: str) -> Optional[Any]:
 
 
 @hookspec(firstresult=True)
-def sgd_tune_trainable(trainer: Trainer, train_func: Any, dataset: Any) -> Optional[Any]:
+def sgd_tune_trainable(trainer: Any, train_func: Any, dataset: Any) -> Optional[Any]:
     """Turn ``trainer`` and ``train_func`` into a Ray Tune trainable.
 
     Stops at the first non-None result. Provided by ``sgd-tune``; when no

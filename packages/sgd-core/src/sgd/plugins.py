@@ -12,16 +12,16 @@ import logging
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional
 
 import pluggy
 
+from sgd import _builtin as builtin
 from sgd import hookspecs
 from sgd.backend import BackendSpec
 
 if TYPE_CHECKING:
-    from sgd.backend import Backend, BackendConfig
-    from sgd.worker_group import WorkerGroup
+    from sgd.backend import Backend, BackendConfig, Workers
 
 logger = logging.getLogger("sgd")
 
@@ -85,7 +85,6 @@ _DIST_OF_PLUGIN: Dict[str, Optional[str]] = {}
 
 
 def _build() -> _State:
-    from sgd._internal import builtin
 
     pm = pluggy.PluginManager("sgd")
     pm.add_hookspecs(hookspecs)
@@ -127,7 +126,7 @@ def register(plugin: object, name: Optional[str] = None) -> None:
         state.backends = None
 
 
-def run_backend_teardown(worker_group: WorkerGroup, backend_config: BackendConfig, backend: Backend) -> None:
+def run_backend_teardown(worker_group: Workers, backend_config: BackendConfig, backend: Backend) -> None:
     """Call every ``sgd_backend_teardown`` implementation (the backend's own last), logging
     the ones that fail instead of raising: the workers must be released whatever happens.
 
@@ -140,21 +139,6 @@ def run_backend_teardown(worker_group: WorkerGroup, backend_config: BackendConfi
             impl.function(**{name: kwargs[name] for name in impl.argnames})
         except Exception:
             logger.exception("sgd_backend_teardown of plugin %r failed", impl.plugin_name)
-
-
-def get_storage(uri: str) -> Any:
-    """The checkpoint storage object for ``uri`` (through the ``sgd_checkpoint_storage`` hook).
-
-    :raises ValueError: no installed plugin handles the URI's scheme.
-    """
-    storage = get_plugin_manager().hook.sgd_checkpoint_storage(uri=uri)
-    if storage is None:
-        scheme = uri.split("://", 1)[0]
-        raise ValueError(
-            f"no checkpoint storage for {scheme}:// URIs; install pyarrow (and fsspec for fsspec-only "
-            "schemes) or a plugin that provides it (see `sgd plugins`)."
-        )
-    return storage
 
 
 def plugin_distribution(plugin_name: str) -> Optional[str]:

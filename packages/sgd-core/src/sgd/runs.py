@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Union
 
-from sgd._internal.integrity import checkpoint_dirs
 from sgd.checkpoint import METADATA_FILE
+from sgd.checkpoint.integrity import check, checkpoint_dirs
+from sgd.utils import results_root
 
 __all__ = [
     "RunInfo",
@@ -101,7 +102,6 @@ def resolve_run_dir(path: Union[str, os.PathLike]) -> Path:
 
     :raises FileNotFoundError: no run directory there.
     """
-    from sgd.utils import results_root
 
     given = Path(path).expanduser()
     candidates = [given]
@@ -264,7 +264,6 @@ def checkpoints(run: Union[str, os.PathLike]) -> List[Dict[str, Any]]:
 
 
 def _unverified(found: List[Dict[str, Any]]) -> List[Dict[str, str]]:
-    from sgd._internal.integrity import check
 
     bad = []
     for c in found:

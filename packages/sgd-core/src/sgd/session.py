@@ -13,7 +13,8 @@ from __future__ import annotations
 import warnings
 from typing import Any, Dict, Optional
 
-from sgd._internal.session import STATE, PreemptionInfo, Session, WorkerContext
+from sgd._worker.session import STATE, PreemptionInfo, Session, WorkerContext
+from sgd.checkpoint import Checkpoint
 
 __all__ = [
     "report",
@@ -82,7 +83,6 @@ def report(metrics: Optional[Dict[str, Any]] = None, /, *, checkpoint: Any = Non
 
 
 def _is_checkpoint(value: Any) -> bool:
-    from sgd.checkpoint import Checkpoint  # only reached when a checkpoint is passed
 
     return isinstance(value, Checkpoint)
 

@@ -10,16 +10,17 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from sgd._internal.backend_executor import BackendExecutor
-from sgd._internal.checkpoint_manager import CheckpointManager
 from sgd._internal.controller import ActiveRun, RunController, RunSpec
 from sgd._internal.run_dir import RunDirectory
 from sgd.backend import BackendConfig
 from sgd.callbacks import TrainingCallback
 from sgd.checkpoint import Checkpoint, CheckpointStrategy
+from sgd.checkpoint.manager import CheckpointManager
+from sgd.checkpoint.storage import is_uri, storage_for
 from sgd.data import DatasetConfig
 from sgd.plugins import get_plugin_manager, resolve_backend
 from sgd.utils import resolve_num_workers, resolve_resources, results_root, wrap_train_func
-from sgd.worker_group import WorkerGroup
+from sgd.worker_group import PLACEMENT_STRATEGIES, WorkerGroup
 
 logger = logging.getLogger("sgd")
 
@@ -86,7 +87,6 @@ class Trainer:
                 f"placement_timeout_s must be a number of seconds >= 0 or None, got {placement_timeout_s!r}")
         self.placement_timeout_s = None if placement_timeout_s is None else float(placement_timeout_s)
         self._min_workers, self._max_workers = resolve_num_workers(num_workers)
-        from sgd.worker_group import PLACEMENT_STRATEGIES
 
         if placement_strategy not in PLACEMENT_STRATEGIES:
             raise ValueError(f"placement_strategy must be one of {', '.join(PLACEMENT_STRATEGIES)}, "
@@ -102,11 +102,9 @@ class Trainer:
         #: Where checkpoints are also copied: ``storage_path/<logdir name>/run_NNN/checkpoints/``.
         self.storage_path: Optional[str] = None
         if storage_path is not None:
-            from sgd._internal.storage import is_uri
-            from sgd.plugins import get_storage
 
             uri = storage_path if is_uri(storage_path) else Path(storage_path).expanduser().resolve().as_uri()
-            get_storage(uri)  # fail now, with the install hint, not at the first checkpoint
+            storage_for(uri)  # fail now, with the install hint, not at the first checkpoint
             self.storage_path = uri
         self._controller: Optional[RunController] = None
         self._latest_run_dir: Optional[Path] = None

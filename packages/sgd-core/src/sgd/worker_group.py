@@ -16,13 +16,14 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from sgd._internal.nodes import avoid_selector
-from sgd._internal.session import WorkerContext
+from sgd._common.nodes import avoid_selector
+from sgd._worker.session import WorkerContext
 from sgd.utils import ensure_ray
 
 if TYPE_CHECKING:
     from sgd.backend import Backend
-from sgd._internal.worker import WorkerMetadata, remote_worker_class
+from sgd._common.scaling import fit_per_node
+from sgd._worker.actor import WorkerMetadata, remote_worker_class
 
 logger = logging.getLogger("sgd")
 
@@ -616,7 +617,6 @@ class WorkerGroup:
 def capacity_summary(bundle: Dict[str, float], avoid: Collection[str] = ()) -> str:
     """Where workers of ``bundle`` could go now: per alive host, how many fit in its free
     resources; hosts being avoided (lost or draining) and dead ones are named as such."""
-    from sgd._internal.scaling import fit_per_node
 
     fits = fit_per_node(bundle)
     parts, unusable = [], []

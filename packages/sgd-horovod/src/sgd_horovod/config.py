@@ -26,7 +26,7 @@ from sgd_horovod.rendezvous import RendezvousService, Slot, choose_interfaces, n
 from sgd_torch import TorchBackend
 
 if TYPE_CHECKING:
-    from sgd.worker_group import WorkerGroup
+    from sgd.backend import Workers
 
 logger = logging.getLogger("sgd.horovod")
 
@@ -140,7 +140,7 @@ def _shutdown_horovod() -> None:
 # --- driver side -----------------------------------------------------------------
 
 
-def rendezvous_service(worker_group: WorkerGroup) -> Optional[RendezvousService]:
+def rendezvous_service(worker_group: Workers) -> Optional[RendezvousService]:
     """The rendezvous server running for ``worker_group`` (``None`` if none): the one its
     Horovod backend object holds."""
     backend = getattr(worker_group, "backend", None)
@@ -213,7 +213,7 @@ class _HorovodBackend(Backend):
         except Exception:
             pass
 
-    def on_start(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
+    def on_start(self, worker_group: Workers, backend_config: BackendConfig) -> None:
         assert isinstance(backend_config, HorovodConfig)
         require_horovod("horovod.runner.http.http_server", "on the driver")
         n = len(worker_group)
@@ -238,7 +238,7 @@ class _HorovodBackend(Backend):
             for slot, env in zip(plan, envs):
                 logger.info("horovod: %s, iface %s", slot, env.get("HOROVOD_GLOO_IFACE", "(Gloo's choice)"))
 
-    def on_training_start(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
+    def on_training_start(self, worker_group: Workers, backend_config: BackendConfig) -> None:
         # Workers that keep Horovod initialised from the last run do not meet again; workers
         # that shut it down meet anew. Either way start from an empty store, so nothing a
         # half-finished rendezvous left behind can be read by the next one.
@@ -246,7 +246,7 @@ class _HorovodBackend(Backend):
         if service is not None and service.running:
             service.reset(slot_plan([m.node_id for m in worker_group.metadata]))
 
-    def on_shutdown(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
+    def on_shutdown(self, worker_group: Workers, backend_config: BackendConfig) -> None:
         try:
             refs = worker_group.execute_async(_shutdown_horovod)
             done, _ = ray.wait(refs, num_returns=len(refs), timeout=SHUTDOWN_TIMEOUT_S)
@@ -256,6 +256,6 @@ class _HorovodBackend(Backend):
         finally:
             self._stop_service()
 
-    def on_failure(self, worker_group: WorkerGroup, backend_config: BackendConfig, error: BaseException) -> None:
+    def on_failure(self, worker_group: Workers, backend_config: BackendConfig, error: BaseException) -> None:
         # The workers are about to be killed; the restart (if any) starts a fresh server.
         self._stop_service()

@@ -23,7 +23,7 @@ from sgd.backend import Backend, BackendConfig, free_address
 from sgd_tensorflow.codec import KerasModelState, is_keras_model
 
 if TYPE_CHECKING:
-    from sgd.worker_group import WorkerGroup
+    from sgd.backend import Workers
 
 logger = logging.getLogger("sgd.tensorflow")
 
@@ -85,7 +85,7 @@ class _TensorflowBackend(Backend):
     # Not "tensorflow": the group's preload runs before on_start, i.e. before the
     # Keras choice is in the environment. on_start starts the import itself.
 
-    def on_start(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
+    def on_start(self, worker_group: Workers, backend_config: BackendConfig) -> None:
         assert isinstance(backend_config, TensorflowConfig)
         # One port per worker, found on the worker's own node.
         found = ray.get([worker_group.execute_single_async(i, free_address) for i in range(len(worker_group))])
@@ -115,7 +115,7 @@ class _TensorflowBackend(Backend):
         # (a control-group call), so the training function finds it (mostly) loaded.
         worker_group.preload(("tensorflow",))
 
-    def on_shutdown(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
+    def on_shutdown(self, worker_group: Workers, backend_config: BackendConfig) -> None:
         """Nothing to release: TensorFlow's gRPC servers end with the worker processes."""
 
     @staticmethod

@@ -393,7 +393,7 @@ class HostCluster:
 
     def nodes(self) -> List[Dict[str, Any]]:
         """The head's view of the nodes (one GCS call): node id, address, alive, resources."""
-        from ray._raylet import GcsClient
+        from ray._raylet import GcsClient  # type: ignore[attr-defined]
 
         if self._gcs is None:
             self._gcs = GcsClient(address=self.address)
@@ -439,7 +439,8 @@ class HostCluster:
             view = available_resources_per_node()
             return all(n in view and (not free or view[n].get("CPU", 0) >= cpus) for n, cpus in want.items())
 
-        wait_for(ready, timeout=timeout, message=f"the resources of hosts {sorted(want)} did not show up"
+        hosts = sorted(str(n) for n in want)
+        wait_for(ready, timeout=timeout, message=f"the resources of hosts {hosts} did not show up"
                  + (" free" if free else ""))
 
     def shutdown(self) -> None:
@@ -467,7 +468,7 @@ def _refresh_ray_config() -> None:
     """Make this process's Ray read its settings (the auth mode) from the environment again:
     Ray caches them at the first ``ray.init`` and keeps them across ``ray.shutdown``."""
     with contextlib.suppress(Exception):
-        from ray._raylet import Config
+        from ray._raylet import Config  # type: ignore[attr-defined]
 
         Config.initialize("")
 

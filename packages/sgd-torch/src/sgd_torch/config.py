@@ -18,7 +18,7 @@ import ray
 from sgd.backend import Backend, BackendConfig, free_address, on_worker_run_error, share_cuda_visible_devices
 
 if TYPE_CHECKING:
-    from sgd.worker_group import WorkerGroup
+    from sgd.backend import Workers
 
 logger = logging.getLogger("sgd.torch")
 
@@ -174,7 +174,7 @@ class TorchBackend(Backend):
     #: GPUs of one node are shared by its workers (sgd-core does it before ``on_start``).
     share_cuda_visible_devices = True
 
-    def on_start(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
+    def on_start(self, worker_group: Workers, backend_config: BackendConfig) -> None:
         assert isinstance(backend_config, TorchConfig)
         use_gpu = worker_group.num_gpus_per_worker > 0
         backend = backend_config.backend or ("nccl" if use_gpu else "gloo")
@@ -194,7 +194,7 @@ class TorchBackend(Backend):
         )
 
     @staticmethod
-    def _set_rendezvous_env(worker_group: WorkerGroup) -> Tuple[str, int]:
+    def _set_rendezvous_env(worker_group: Workers) -> Tuple[str, int]:
         """torchrun's variables on every worker, with a new free port on rank 0's node."""
         addr, port = worker_group.execute_single(0, free_address)
         n = len(worker_group)
@@ -215,12 +215,12 @@ class TorchBackend(Backend):
         return addr, port
 
     @staticmethod
-    def share_cuda_devices(worker_group: WorkerGroup) -> None:
+    def share_cuda_devices(worker_group: Workers) -> None:
         """Kept for callers of earlier versions: :func:`sgd.backend.share_cuda_visible_devices`,
         which sgd-core now runs for every backend with ``share_cuda_visible_devices = True``."""
         share_cuda_visible_devices(worker_group)
 
-    def on_training_start(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
+    def on_training_start(self, worker_group: Workers, backend_config: BackendConfig) -> None:
         assert isinstance(backend_config, TorchConfig)
         # Nothing of the previous run on these workers reaches this one (see _reset_run_state;
         # sgd_torch.accelerate's switch is per run already).
@@ -237,10 +237,10 @@ class TorchBackend(Backend):
             worker_group.execute(_destroy_process_group)
             self._set_rendezvous_env(worker_group)
 
-    def on_shutdown(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> None:
+    def on_shutdown(self, worker_group: Workers, backend_config: BackendConfig) -> None:
         worker_group.execute(_destroy_process_group)
 
-    def keeps_survivors(self, worker_group: WorkerGroup, backend_config: BackendConfig) -> bool:
+    def keeps_survivors(self, worker_group: Workers, backend_config: BackendConfig) -> bool:
         """With gloo, a worker that survived a peer's death is kept: :meth:`on_start` destroys
         its process group and builds a new one with the replaced worker. NCCL communicators
         cannot be torn down safely after a peer died: every worker is replaced."""

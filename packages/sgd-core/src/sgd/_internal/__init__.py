@@ -1,1 +1,2 @@
-"""Machinery behind the public API; nothing here is a stable interface."""
+"""The run engine on the driver: the run controller and its policies, the backend executor
+(the worker group's lifecycle), report rounds, the run directory."""

@@ -19,11 +19,12 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Set
 import ray
 from ray.exceptions import RayActorError
 
-from sgd._internal.nodes import NodeInfo, NodeWatch
-from sgd._internal.protocol import DirectWrite
+from sgd._common.nodes import NodeInfo, NodeWatch
+from sgd._common.protocol import DirectWrite
+from sgd._common.scaling import fitting_workers
+from sgd._internal.policies import ScalingPolicy
 from sgd._internal.rounds import RoundCollector, short_error
-from sgd._internal.scaling import fitting_workers
-from sgd._internal.session import DEFAULT_MAX_PENDING
+from sgd._worker.session import DEFAULT_MAX_PENDING
 from sgd.backend import Backend, BackendConfig
 from sgd.errors import WorkerDiedError
 from sgd.plugins import get_plugin_manager, run_backend_teardown
@@ -53,8 +54,9 @@ class BackendExecutor:
     ):
         self.backend_config = backend_config
         self.placement_strategy = placement_strategy
-        self.max_workers = num_workers
-        self.min_workers = num_workers if min_workers is None else min_workers
+        #: How many workers the group may have; the controller asks it for every resize.
+        self.scaling = ScalingPolicy(num_workers if min_workers is None else min_workers, num_workers)
+        #: The group's size now (for an elastic group: what the last placement got).
         self.num_workers = num_workers
         self.resources_per_worker = dict(resources_per_worker)
         self.max_pending = max_pending
@@ -71,6 +73,14 @@ class BackendExecutor:
         # Whether the group must be replaced before its next run: a run that did not end
         # cleanly leaves the framework (a process group, a collective) in an unknown state.
         self._dirty = False
+
+    @property
+    def min_workers(self) -> int:
+        return self.scaling.min_workers
+
+    @property
+    def max_workers(self) -> int:
+        return self.scaling.max_workers
 
     @property
     def hook(self) -> Any:
@@ -134,7 +144,7 @@ class BackendExecutor:
         while True:
             if count is None:
                 count = fitting_workers(self.resources_per_worker, None, avoid)
-            self.num_workers = max(self.min_workers, min(self.max_workers, count))
+            self.num_workers = self.scaling.size(count)
             logger.info("elastic: starting %d workers (min %d, max %d)", self.num_workers,
                         self.min_workers, self.max_workers)
             left = max(0.0, deadline - time.monotonic())
@@ -200,11 +210,13 @@ class BackendExecutor:
         except Exception:
             logger.exception("backend failure handler raised")
 
-    def restart(self, error: Optional[BaseException] = None, move: bool = False) -> None:
+    def restart(self, error: Optional[BaseException] = None, move: bool = False,
+                size: Optional[int] = None) -> None:
         """Replace every worker (after ``error``) and set the same backend object up again.
 
-        With ``move``, the group is placed anew (off draining hosts; an elastic group at the
-        size that fits now) rather than replacing only the workers that failed.
+        With ``move``, the group is placed anew (off draining hosts; an elastic group at
+        ``size``, as the scaling policy decided, or at the size that fits now) rather than
+        replacing only the workers that failed.
 
         :raises WorkerDiedError: a worker of the new group died while it was set up.
         """
@@ -230,7 +242,7 @@ class BackendExecutor:
                 # that are still there), release it, place anew off the lost hosts.
                 # Counted before the release: Ray's view may show it released a moment later
                 # (or already), and counting ours on top of that would ask for too many.
-                count = self.room() if self.min_workers != self.max_workers else None
+                count = size if size is not None else self.room() if self.scaling.elastic else None
                 old.stop_actors()
                 old.shutdown(patience_s=0)
                 self.worker_group = self._new_worker_group(restarting=True, count=count)
@@ -245,7 +257,7 @@ class BackendExecutor:
         """How many workers the group could have now if it were placed anew: the workers of
         ours that run on hosts that stay count as free; lost and draining hosts are left out.
 
-        :param nodes: the cluster's nodes as just read (:func:`~sgd._internal.nodes.cluster_nodes`).
+        :param nodes: the cluster's nodes as just read (:func:`~sgd._common.nodes.cluster_nodes`).
         """
         wg = self.worker_group
         avoid = self.nodes.avoid(nodes)

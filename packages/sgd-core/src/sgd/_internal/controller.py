@@ -3,17 +3,26 @@ on failure, resize, finish.
 
 :class:`RunController` holds a trainer's :class:`~sgd._internal.backend_executor.BackendExecutor`
 for as long as its workers are up. :meth:`RunController.start` places the group with
-retries; :meth:`RunController.begin` starts one run and returns its :class:`ActiveRun`, which
-hands out decoded report rounds (persisted, then given to the hooks and callbacks) and
-recovers from worker deaths. One :class:`FailurePolicy` decides every failure the same way,
-whatever the phase (group start, ``initialization_hook``, run start, mid-run): a
-:class:`~sgd.errors.WorkerDiedError` is retried while ``max_retries`` allows, then ends in
-:class:`~sgd.errors.TrainingFailedError` whose ``__cause__`` is the last death. Any other error
-(a user exception on a worker, a callback's exception) ends the run at once.
+retries; :meth:`RunController.begin` starts one run and returns its :class:`ActiveRun`.
+
+An :class:`ActiveRun` is a state machine with one step function (:meth:`ActiveRun._step`)::
+
+    STARTING ──► RUNNING ──► FINISHED
+        │          │  ▲  └──► ERRORED          (or STOPPED, by TrainingIterator.stop)
+        │          ▼  │
+        └──► RESTARTING / RESIZING
+
+Every decision comes from a policy (:mod:`sgd._internal.policies`) that returns it:
+:meth:`FailurePolicy.decide` (``Retry`` or ``Raise``) for any failure at any phase (group
+start, ``initialization_hook``, run start, mid-run, while restarting), and
+:meth:`ScalingPolicy.decide` (``Resize``, ``Wait`` or ``NoOp``) for draining hosts and elastic
+growth, asked after each committed checkpoint and when a drain deadline is near. The step
+function only carries the decisions out.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import math
 import os
@@ -25,16 +34,17 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import ray
 
+from sgd._common.nodes import NODE_CHECK_INTERVAL_S, NodeInfo, cluster_nodes
+from sgd._common.protocol import DirectCheckpoint, DirectWrite, Round, detailed_metrics_enabled
 from sgd._internal.backend_executor import BackendExecutor
-from sgd._internal.checkpoint_manager import CheckpointManager
-from sgd._internal.nodes import NODE_CHECK_INTERVAL_S, NodeInfo, cluster_nodes
-from sgd._internal.protocol import DirectCheckpoint, DirectWrite, Round, detailed_metrics_enabled
+from sgd._internal.policies import ClusterView, Failure, FailurePolicy, Raise, Resize, Wait
 from sgd._internal.rounds import RoundCollector
 from sgd._internal.run_dir import RunDirectory
-from sgd._internal.session import PreemptionInfo
+from sgd._worker.session import PreemptionInfo
 from sgd.callbacks import TrainingCallback
+from sgd.checkpoint.manager import CheckpointManager
 from sgd.data import DatasetConfig, data_cpu_shortfall, shard_datasets, shards_survive_restart
-from sgd.errors import TrainingFailedError, WorkerDiedError
+from sgd.errors import WorkerDiedError
 from sgd.plugins import get_plugin_manager
 from sgd.worker_group import ResourcesUnavailableError, WorkerGroup
 
@@ -46,28 +56,19 @@ DRAIN_MARGIN_S = float(os.environ.get("SGD_DRAIN_MARGIN_S", "5"))
 GROW_CHECK_INTERVAL_S = float(os.environ.get("SGD_ELASTIC_GROW_CHECK_S", "5"))
 
 
-class FailurePolicy:
-    """Counts worker deaths against ``max_retries`` (``-1``: unlimited).
+class RunState(enum.Enum):
+    """Where an :class:`ActiveRun` is; :attr:`ActiveRun.transitions` records each change."""
 
-    :meth:`record` returns when one more attempt is allowed and raises
-    :class:`TrainingFailedError` (from the death) when the retries are spent.
-    """
+    STARTING = "starting"  # the training functions are being started (a failure is pending)
+    RUNNING = "running"  # rounds are being collected
+    RESTARTING = "restarting"  # after a failure the policy retries: new workers, latest checkpoint
+    RESIZING = "resizing"  # a scaling decision: the group is placed anew (not a failure)
+    FINISHED = "finished"
+    ERRORED = "errored"
+    STOPPED = "stopped"
 
-    def __init__(self, max_retries: int):
-        self.max_retries = max_retries
-        self.failures = 0
 
-    def record(self, error: WorkerDiedError, phase: str) -> None:
-        self.failures += 1
-        limit = self.max_retries
-        if limit != -1 and self.failures > limit:
-            n = self.failures
-            raise TrainingFailedError(
-                f"training failed after {n} attempt{'s' if n != 1 else ''} (max_retries={limit}); "
-                f"last failure, while {phase}: {error}"
-            ) from error
-        logger.warning("%s; restarting the workers (failure %d of %s)", error, self.failures,
-                       "unlimited" if limit == -1 else limit)
+_ENDED = (RunState.FINISHED, RunState.ERRORED, RunState.STOPPED)
 
 
 @dataclass
@@ -118,7 +119,9 @@ class RunController:
             try:
                 return self.executor.start(initialization_hook, actor_cls, actor_cls_args, actor_cls_kwargs)
             except WorkerDiedError as exc:
-                policy.record(exc, "starting the workers")
+                decision = policy.decide(Failure(exc, "starting the workers"))
+                if isinstance(decision, Raise):
+                    raise decision.error from exc
 
     def begin(self, spec: RunSpec) -> ActiveRun:
         """Start one run. Never raises for a failure of the run itself: that comes out of
@@ -146,24 +149,42 @@ class ActiveRun:
         # elastic group looks for room to grow.
         self._next_node_check = 0.0
         self._drain: Optional[Dict[str, NodeInfo]] = None
-        self._drain_stays_logged = False
-        self._move: Optional[str] = None
+        self._drain_waits_logged = False
         self._next_grow_check = time.monotonic() + GROW_CHECK_INTERVAL_S
-        self.finished = False
         self.returns: Optional[List[Any]] = None
-        # A failure while the run starts is held and comes out of the first next().
+        #: every state the run went through, in order (tests and ``sgd`` debugging read it)
+        self.transitions: List[RunState] = []
+        # What the next step acts on: the failure being retried (RESTARTING), the resize
+        # decided (RESIZING, or pending until the next step while RUNNING), the failure of
+        # the start (STARTING), which comes out of the first next().
+        self._failure: Optional[Failure] = None
+        self._resize: Optional[Resize] = None
         self._start_error: Optional[BaseException] = None
+        self._to(RunState.STARTING)
         resumed = self._delivered_iteration > 0
         for cb in spec.callbacks:
             cb.start_training(logdir=str(spec.run_dir.path), config=spec.config, resumed=resumed,
                               start_iteration=self._delivered_iteration)
         try:
             self._rounds = self._start(spec.checkpoint, self._manager.latest_iteration if spec.checkpoint else 0)
+            self._to(RunState.RUNNING)
         except BaseException as exc:
             if isinstance(exc, KeyboardInterrupt):
                 self.finish(error=True, exc=exc)
                 raise
             self._start_error = exc
+
+    @property
+    def state(self) -> RunState:
+        return self.transitions[-1]
+
+    @property
+    def finished(self) -> bool:
+        return self.state in _ENDED
+
+    def _to(self, state: RunState) -> None:
+        logger.debug("run %s: %s", self._spec.run_dir.path.name, state.value)
+        self.transitions.append(state)
 
     # --- starting and recovering -----------------------------------------------------------
 
@@ -175,7 +196,7 @@ class ActiveRun:
         n = executor.num_workers
         if spec.dataset is not None and n not in self._shards:
             # Split once per group size: divided shards serve a restarted group as they are (see
-            # _recover), an elastic group of another size gets parts of its own.
+            # _restart), an elastic group of another size gets parts of its own.
             shortfall = data_cpu_shortfall(spec.dataset)
             if shortfall is not None:
                 raise ResourcesUnavailableError(shortfall)
@@ -191,32 +212,24 @@ class ActiveRun:
         rounds = executor.start_training(spec.train_func, checkpoint, shards, start_iteration, direct,
                                          spec.worker_run_info)
         rounds.tick = self._check_hosts
-        self._drain, self._drain_stays_logged = None, False
+        self._drain, self._drain_waits_logged = None, False
         return rounds
 
-    def _recover(self, error: WorkerDiedError, phase: str) -> None:
-        """Restart the workers and the training function from the latest checkpoint, as
-        often as the failure policy allows (a worker may also die while restarting)."""
-        while True:
-            self._policy.record(error, phase)
-            try:
-                self._restart(error)
-                return
-            except WorkerDiedError as exc:
-                error, phase = exc, "restarting"
+    def _fail(self, error: BaseException, phase: str) -> None:
+        """Ask the failure policy; carry its decision out: RESTARTING next, or raise."""
+        failure = Failure(error, phase)
+        decision = self._policy.decide(failure)
+        if isinstance(decision, Raise):
+            if decision.error is error:
+                raise error
+            raise decision.error from error
+        self._failure = failure
+        self._to(RunState.RESTARTING)
 
-    def _relocate(self, reason: str) -> None:
-        """Restart the group elsewhere or at another size, from the latest checkpoint, without
-        counting a failure: a host is draining, or an elastic group has room to grow."""
-        logger.warning("%s; restarting the workers from the latest checkpoint (not a failure)", reason)
+    def _restart(self, error: Optional[BaseException], resize: Optional[Resize] = None) -> None:
         try:
-            self._restart(None, move=True)
-        except WorkerDiedError as exc:
-            self._recover(exc, "restarting")
-
-    def _restart(self, error: Optional[WorkerDiedError], move: bool = False) -> None:
-        try:
-            self._executor.restart(error, move=move)
+            self._executor.restart(error, move=resize is not None,
+                                   size=resize.num_workers if resize is not None else None)
         except ResourcesUnavailableError as exc:
             raise ResourcesUnavailableError(
                 f"{exc} Every result and checkpoint reported so far is kept in {self._spec.run_dir.path}; "
@@ -267,10 +280,11 @@ class ActiveRun:
             self._drain = draining
             self._announce_drain(group, draining)
         deadline = min(n.drain_deadline or math.inf for n in self._drain.values())
-        if time.time() >= deadline - DRAIN_MARGIN_S and self._executor.room(nodes) >= self._executor.min_workers:
-            where = ", ".join(n.describe() for n in self._drain.values())
-            raise _Relocate(f"host {where} is draining and its deadline is {max(0.0, deadline - time.time()):.0f}s "
-                            "away with no checkpoint since the notice; leaving it now")
+        if time.time() >= deadline - DRAIN_MARGIN_S:
+            view = ClusterView(self._executor.room(nodes), self._drain, deadline_near=True)
+            decision = self._executor.scaling.decide(view, self._executor.num_workers)
+            if isinstance(decision, Resize):
+                raise _Relocate(decision)
 
     def _announce_drain(self, group: WorkerGroup, draining: Dict[str, NodeInfo]) -> None:
         from ray.exceptions import RayError
@@ -298,29 +312,24 @@ class ActiveRun:
         answers([w._sgd_notice_from.remote(start) for w in group.workers])
 
     def _after_checkpoint(self) -> None:
-        """A checkpoint was just committed (the workers wait for its acknowledgement): leave a
-        draining host now if the rest of the cluster has room for the group, or grow an
-        elastic group that has room for more workers."""
+        """A checkpoint was just committed (the workers wait for its acknowledgement): ask the
+        scaling policy whether to leave a draining host or grow an elastic group. A resize is
+        carried out before the next round."""
         executor = self._executor
-        if self._drain is not None:
-            where = ", ".join(n.describe() for n in self._drain.values())
-            room = executor.room()
-            if room >= executor.min_workers:
-                self._move = f"host {where} is draining; checkpoint committed, leaving it"
-            elif not self._drain_stays_logged:
-                self._drain_stays_logged = True
-                logger.warning("host %s is draining, but the other hosts have room for %d of the %d workers "
-                               "needed; staying on it until it goes", where, room, executor.min_workers)
-            return
-        if executor.min_workers == executor.max_workers or executor.num_workers >= executor.max_workers:
-            return
-        now = time.monotonic()
-        if now < self._next_grow_check:
-            return
-        self._next_grow_check = now + GROW_CHECK_INTERVAL_S
-        room = min(executor.room(), executor.max_workers)
-        if room > executor.num_workers:
-            self._move = f"room for {room} workers (running {executor.num_workers}, max {executor.max_workers})"
+        scaling = executor.scaling
+        if self._drain is None:
+            if not scaling.elastic or executor.num_workers >= scaling.max_workers:
+                return  # nothing could change: no need to read the cluster
+            now = time.monotonic()
+            if now < self._next_grow_check:
+                return
+            self._next_grow_check = now + GROW_CHECK_INTERVAL_S
+        decision = scaling.decide(ClusterView(executor.room(), self._drain or {}), executor.num_workers)
+        if isinstance(decision, Resize):
+            self._resize = decision
+        elif isinstance(decision, Wait) and not self._drain_waits_logged:
+            self._drain_waits_logged = True
+            logger.warning("%s", decision.reason)
 
     # --- rounds --------------------------------------------------------------------------------
 
@@ -333,34 +342,62 @@ class ActiveRun:
         if self.finished:
             return None
         try:
-            if self._start_error is not None:
-                error, self._start_error = self._start_error, None
-                if not isinstance(error, WorkerDiedError):
-                    raise error
-                self._recover(error, "starting the run")
             while True:
-                if self._move is not None:
-                    reason, self._move = self._move, None
-                    self._relocate(reason)
-                assert self._rounds is not None
-                try:
-                    round_ = self._rounds.next_round()
-                except WorkerDiedError as exc:
-                    self._recover(exc, "training")
-                    continue
-                except _Relocate as move:
-                    self._relocate(str(move))
-                    continue
-                if round_ is None:
-                    self.returns = self._rounds.returns
-                    self.finish(error=False)
-                    return None
-                results = self._deliver(round_)
-                if results is not None:
+                results = self._step()
+                if results is not None or self.finished:
                     return results
         except BaseException as exc:
             self.finish(error=True, exc=exc)
             raise
+
+    def _step(self) -> Optional[List[Dict[str, Any]]]:
+        """One step of the state machine: a delivered round's results, or ``None`` (a state
+        changed, or the round had nothing to hand out)."""
+        state = self.state
+        if state is RunState.STARTING:
+            error, self._start_error = self._start_error, None
+            assert error is not None
+            self._fail(error, "starting the run")
+        elif state is RunState.RESTARTING:
+            assert self._failure is not None
+            try:
+                self._restart(self._failure.error)
+            except WorkerDiedError as exc:  # a worker died while restarting: decided like any failure
+                self._fail(exc, "restarting")
+                return None
+            self._failure = None
+            self._to(RunState.RUNNING)
+        elif state is RunState.RESIZING:
+            resize, self._resize = self._resize, None
+            assert resize is not None
+            logger.warning("%s; restarting %d workers from the latest checkpoint (not a failure)",
+                           resize.reason, resize.num_workers)
+            try:
+                self._restart(None, resize)
+            except WorkerDiedError as exc:
+                self._fail(exc, "restarting")
+                return None
+            self._to(RunState.RUNNING)
+        elif state is RunState.RUNNING:
+            if self._resize is not None:
+                self._to(RunState.RESIZING)
+                return None
+            assert self._rounds is not None
+            try:
+                round_ = self._rounds.next_round()
+            except WorkerDiedError as exc:
+                self._fail(exc, "training")
+                return None
+            except _Relocate as move:
+                self._resize = move.decision
+                self._to(RunState.RESIZING)
+                return None
+            if round_ is None:
+                self.returns = self._rounds.returns
+                self.finish(error=False)
+                return None
+            return self._deliver(round_)
+        return None
 
     def _deliver(self, round_: Round) -> Optional[List[Dict[str, Any]]]:
         """Persist one round and hand it to the hooks and callbacks; ``None`` when there is
@@ -403,7 +440,7 @@ class ActiveRun:
         finish without error. Rounds not yet delivered are dropped."""
         if self.finished:
             return
-        self.finished = True
+        self._to(RunState.STOPPED)
         self._spec.run_dir.close(False, stopped=True)
         self._executor.stop_training(patience_s)
         self._manager.remove_temporary()
@@ -414,7 +451,7 @@ class ActiveRun:
         """End the run once: close the run directory, release or stop the workers, tell the callbacks."""
         if self.finished:
             return
-        self.finished = True
+        self._to(RunState.ERRORED if error else RunState.FINISHED)
         self._spec.run_dir.close(error, interrupted=isinstance(exc, KeyboardInterrupt))
         self._executor.end_training(ok=not error, error=exc)
         self._manager.remove_temporary()
@@ -428,7 +465,11 @@ class ActiveRun:
 
 
 class _Relocate(Exception):
-    """Raised by a host check inside the round loop: restart the group now, not as a failure."""
+    """Raised by a host check inside the round loop: carry a resize out now, not as a failure."""
+
+    def __init__(self, decision: Resize):
+        super().__init__(decision.reason)
+        self.decision = decision
 
 
 def _discard(payloads: List[Any]) -> None:
@@ -437,4 +478,4 @@ def _discard(payloads: List[Any]) -> None:
             shutil.rmtree(p.path, ignore_errors=True)
 
 
-__all__: Tuple[str, ...] = ("ActiveRun", "FailurePolicy", "RunController", "RunSpec")
+__all__: Tuple[str, ...] = ("ActiveRun", "RunController", "RunSpec", "RunState")

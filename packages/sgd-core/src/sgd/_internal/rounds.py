@@ -20,8 +20,8 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 import ray
 from ray.exceptions import RayActorError
 
-from sgd._internal.protocol import CHECKPOINT, CHECKPOINT_KEY, REPORT, RemoteError, Round, decode_round
-from sgd._internal.unsendable import recover_poll
+from sgd._common.protocol import CHECKPOINT, CHECKPOINT_KEY, REPORT, RemoteError, Round, decode_round
+from sgd._worker.unsendable import recover_poll
 from sgd.errors import WorkerDiedError, WorkerError
 
 #: Most items one poll returns.

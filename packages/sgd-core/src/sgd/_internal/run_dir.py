@@ -3,7 +3,7 @@
 - ``trainer.json``: the trainer's settings (for :meth:`sgd.Trainer.restore`);
 - ``results.jsonl``: one JSON line per delivered report round (a list of per-worker dicts),
   flushed as it arrives; values JSON cannot hold are written as strings;
-- ``checkpoints/checkpoint_NNNNNN/``: see :mod:`sgd._internal.checkpoint_manager`;
+- ``checkpoints/checkpoint_NNNNNN/``: see :mod:`sgd.checkpoint.manager`;
 - ``status.json``: ``RUNNING``, ``FINISHED``, ``ERRORED``, ``INTERRUPTED`` (Ctrl-C in the driver)
   or ``STOPPED`` (ended early on purpose: :meth:`sgd.TrainingIterator.stop`, a Tune scheduler).
 """
@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import IO, Any, Dict, Optional, Tuple
 
+from sgd.checkpoint import newest_loadable
+from sgd.checkpoint.integrity import checkpoint_dirs
 from sgd.redact import redact
 from sgd.runs import RESULTS_FILE, SETTINGS_FILE, STATUS_FILE, last_iteration, read_settings
 
@@ -69,7 +71,7 @@ class RunDirectory:
     # --- results ------------------------------------------------------------------
 
     def append_line(self, line: str) -> None:
-        """Append one round's line, already JSON (:meth:`sgd._internal.protocol.Round.json_line`)."""
+        """Append one round's line, already JSON (:meth:`sgd._common.protocol.Round.json_line`)."""
         if self._results is None:
             self._results = open(self.path / RESULTS_FILE, "a", encoding="utf-8")
         self._results.write(line + "\n")
@@ -84,7 +86,6 @@ class RunDirectory:
     def last_checkpoint_id(self) -> int:
         """The highest checkpoint number in the run (new checkpoints are numbered after it,
         whether or not it verifies)."""
-        from sgd._internal.integrity import checkpoint_dirs
 
         found = checkpoint_dirs(self.checkpoint_dir)
         return found[-1][0] if found else 0
@@ -95,7 +96,6 @@ class RunDirectory:
 
         Loading follows :attr:`trusted` (``None``: the ``SGD_TRUST_CHECKPOINTS`` switch).
         """
-        from sgd.checkpoint import newest_loadable
 
         state, iteration, _ = newest_loadable(self.checkpoint_dir, self.trusted)
         return state, iteration

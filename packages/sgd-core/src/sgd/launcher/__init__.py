@@ -26,8 +26,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from sgd import plugins
+from sgd.errors import WorkerError
 from sgd.hookspecs import hookimpl
 from sgd.launcher.output import OutputChannel, OutputPrinter, OutputPump, start_sink, text_stream
+from sgd.launcher.ship import pack, unpack
+from sgd.plugins import resolve_backend
+from sgd.session import get_session
+from sgd.trainer import Trainer
+from sgd.utils import ensure_ray
 
 
 class ScriptExitError(RuntimeError):
@@ -71,11 +78,9 @@ class ScriptRunner:
         bundle = self.bundle
         if bundle is None:
             return self
-        present = os.path.isdir(self.cwd) if self.module else os.path.isfile(self.target)
+        present = (self.cwd is not None and os.path.isdir(self.cwd)) if self.module else os.path.isfile(self.target)
         if present:
             return self
-        from sgd.launcher.ship import unpack
-
         root = unpack(bundle)
         if self.module:
             return dataclasses.replace(self, cwd=root, bundle=None)
@@ -83,15 +88,14 @@ class ScriptRunner:
         target = os.path.join(root, rel)
         cwd = self.cwd
         if cwd is None or not os.path.isdir(cwd):
-            inside = cwd is not None and not os.path.relpath(cwd, bundle.root).startswith("..")
-            cwd = os.path.join(root, os.path.relpath(cwd, bundle.root)) if inside else root
+            within = os.path.relpath(cwd, bundle.root) if cwd is not None else ".."
+            cwd = root if within.startswith("..") else os.path.join(root, within)
         return dataclasses.replace(self, target=target, cwd=cwd, bundle=None)
 
     def __call__(self) -> None:
         local = self._localized()
         if local is not self:
             return local()  # type: ignore[no-any-return]
-        from sgd.session import get_session
 
         session = get_session()
         rank = session.context.world_rank if session is not None else 0
@@ -170,7 +174,7 @@ def launcher_env(contexts: Sequence[Any], run_id: str, restart_count: int, max_r
                  run_dir: Optional[str]) -> List[Dict[str, str]]:
     """The variables ``torchrun`` sets for its workers (and ``SGD_RUN_DIR``), one dict per rank.
 
-    :param contexts: the workers' :class:`~sgd._internal.session.WorkerContext`, in rank order.
+    :param contexts: the workers' :class:`~sgd._worker.session.WorkerContext`, in rank order.
     """
     n = len(contexts)
     nodes = len({c.node_rank for c in contexts})
@@ -236,7 +240,6 @@ def backend_config_for_script(name: str, overrides: Optional[Dict[str, Any]] = N
 
     :raises LaunchError: unknown backend, or ``overrides`` the config does not accept.
     """
-    from sgd.plugins import resolve_backend
 
     try:
         spec = resolve_backend(name)
@@ -303,7 +306,6 @@ class LaunchResult:
 
 def failure_message(error: BaseException) -> str:
     """What ``sgd run`` prints for ``error``: the failing rank and its remote traceback."""
-    from sgd.errors import WorkerError
 
     if isinstance(error, ScriptExitError):
         return f"worker rank {error.world_rank} exited with status {error.code}"
@@ -322,9 +324,7 @@ def trim_traceback(text: str) -> str:
     """``text`` (a formatted traceback) without the sgd frames its blocks start with: the
     session thread and the runner, the same in every run. The script's frames stay; a
     block made only of sgd frames stays whole."""
-    import sgd
-
-    package = os.path.dirname(os.path.abspath(sgd.__file__)) + os.sep
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # sgd/
     lines = text.splitlines(keepends=True)
     out: List[str] = []
     i = 0
@@ -387,8 +387,6 @@ def launch(
     :returns: a :class:`LaunchResult`; errors inside the run are returned, not raised.
     :raises LaunchError: bad input, found before any worker starts.
     """
-    from sgd.trainer import Trainer
-    from sgd.utils import ensure_ray
 
     resolved = resolve_script(target, module)
     if isinstance(backend, str):
@@ -403,7 +401,6 @@ def launch(
     except (TypeError, ValueError) as exc:
         raise LaunchError(str(exc)) from None
 
-    from sgd import plugins
 
     sink: Any = None
     pump: Optional[OutputPump] = None
@@ -416,7 +413,6 @@ def launch(
             sink = start_sink()
             pump = OutputPump(sink, OutputPrinter(num_workers))
         trainer.start()
-        from sgd.launcher.ship import pack
 
         # Hosts with their own disks lack the script: ship its directory, as `ray job submit
         # --working-dir` does (used only where the script is not found at its path).

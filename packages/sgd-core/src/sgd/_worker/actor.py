@@ -11,8 +11,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import ray
 
-from sgd._internal.protocol import DirectWrite
-from sgd._internal.session import STATE, Session, WorkerContext
+from sgd._common.protocol import DirectWrite
+from sgd._worker.session import STATE, Session, WorkerContext
 
 #: Concurrency group for driver calls that must run while user code occupies the
 #: default group (polling a run, reading metadata). User methods stay sequential.

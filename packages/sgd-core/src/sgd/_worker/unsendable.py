@@ -15,7 +15,8 @@ import os
 import socket
 from typing import Any, List, Optional, Tuple
 
-from sgd._internal.protocol import RemoteError
+from sgd._common.protocol import CHECKPOINT, CHECKPOINT_KEY, RemoteError
+from sgd._worker.session import STATE
 
 
 def _pickling_error(value: Any) -> Optional[BaseException]:
@@ -30,7 +31,6 @@ def _pickling_error(value: Any) -> Optional[BaseException]:
 
 def _describe(kind: str, data: Any) -> Optional[str]:
     """Which part of one item cannot be pickled, in words; ``None`` if it can."""
-    from sgd._internal.protocol import CHECKPOINT, CHECKPOINT_KEY
 
     if _pickling_error(data) is None:
         return None
@@ -56,7 +56,6 @@ def _describe(kind: str, data: Any) -> Optional[str]:
 def split_unsendable() -> Optional[Tuple[List[Tuple[str, Any]], bool, Any, Any]]:
     """On the worker: the last poll reply cut before its first unpicklable item, with the
     error that names it, as a poll reply; ``None`` if every item pickles (another failure)."""
-    from sgd._internal.session import STATE
 
     session = STATE.session
     batch = getattr(session, "_last_batch", None)

@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterator, Optional, Tuple, Union
 
-from sgd._internal import integrity
-from sgd.codecs import TRUST_ENV, get_codec, resolve_trusted
+from sgd.checkpoint import integrity
+from sgd.checkpoint.codecs import TRUST_ENV, get_codec, resolve_trusted, untrusted_error
+from sgd.checkpoint.storage import is_uri, storage_for
 from sgd.errors import CheckpointError, CheckpointIntegrityError, UntrustedCheckpointError
 
 logger = logging.getLogger("sgd")
@@ -115,7 +116,6 @@ class Checkpoint:
 
         :param trusted: allow :meth:`to_dict` to unpickle arbitrary objects (see the class).
         """
-        from sgd._internal.storage import is_uri
 
         if not is_uri(str(path)) and not Path(path).is_dir():
             raise FileNotFoundError(f"no checkpoint directory at {path}")
@@ -130,15 +130,13 @@ class Checkpoint:
 
         :raises CheckpointIntegrityError: there are checkpoints and none verifies.
         """
-        from sgd._internal.storage import is_uri
-        from sgd.plugins import get_storage
 
         if not is_uri(str(folder)):
             state, _, _ = newest_loadable(Path(folder), trusted)
             return cls.from_dict(state) if state is not None else None
         tmp = tempfile.mkdtemp(prefix="sgd_checkpoints_")
         try:
-            get_storage(str(folder)).download_dir(str(folder), tmp)
+            storage_for(str(folder)).download_dir(str(folder), tmp)
             state, _, _ = newest_loadable(Path(tmp), trusted)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -166,13 +164,11 @@ class Checkpoint:
 
     def to_directory(self, path: Optional[Union[str, os.PathLike]] = None) -> str:
         """Write the checkpoint to ``path`` (a new temporary directory if ``None``); returns it."""
-        from sgd._internal.storage import is_uri
-        from sgd.plugins import get_storage
 
         target = str(path) if path is not None else tempfile.mkdtemp(prefix="sgd_checkpoint_")
         if is_uri(target):
             with self.as_directory() as local:
-                get_storage(target).upload_dir(local, target)
+                storage_for(target).upload_dir(local, target)
             return target
         if self._data is not None:
             write_dict_dir(self._data, Path(target), self._codec)
@@ -189,8 +185,6 @@ class Checkpoint:
         A local checkpoint directory is yielded as is (do not change it);
         dicts and remote checkpoints are materialised in a temporary directory.
         """
-        from sgd._internal.storage import is_uri
-        from sgd.plugins import get_storage
 
         if self._path is not None and not is_uri(self._path):
             yield self._path
@@ -198,7 +192,7 @@ class Checkpoint:
         tmp = tempfile.mkdtemp(prefix="sgd_checkpoint_")
         try:
             if self._path is not None:
-                get_storage(self._path).download_dir(self._path, tmp)
+                storage_for(self._path).download_dir(self._path, tmp)
             else:
                 assert self._data is not None
                 write_dict_dir(self._data, Path(tmp), self._codec)
@@ -286,7 +280,6 @@ def _read_dict(directory: Path, trusted: bool, where: str) -> Dict[str, Any]:
         except UntrustedCheckpointError as exc:
             types = meta.get("needs_trust")
             if isinstance(types, list) and types and "objects of type" not in str(exc):
-                from sgd.codecs import untrusted_error
 
                 raise untrusted_error(where, [str(t) for t in types]) from None
             raise

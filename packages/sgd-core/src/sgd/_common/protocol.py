@@ -1,7 +1,7 @@
 """The wire protocol between a worker's session and the driver, in one place.
 
 A worker buffers *items* ``(kind, data)``; the driver polls them in batches
-(:meth:`sgd._internal.session.Session.poll`) and :class:`~sgd._internal.rounds.RoundCollector`
+(:meth:`sgd._worker.session.Session.poll`) and :class:`~sgd._internal.rounds.RoundCollector`
 lines them up into *rounds* (one item per worker). :func:`decode_round` turns a round's raw
 items into a :class:`Round`: what the rest of the driver sees.
 
@@ -24,7 +24,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from sgd._internal.json_values import finite, json_default
+from sgd._common.json_values import finite, json_default
 from sgd.redact import redact
 
 REPORT = "report"
@@ -54,7 +54,7 @@ _STRICT_JSON = json.JSONEncoder(default=json_default, allow_nan=False)
 def encode_line(data: Dict[str, Any]) -> str:
     """One report as ``results.jsonl`` keeps it: JSON, secrets dropped (:mod:`sgd.redact`), the
     detailed values in, the checkpoint out; non-finite floats spelled as strings, other values
-    as :func:`~sgd._internal.json_values.json_default` makes them. Never raises."""
+    as :func:`~sgd._common.json_values.json_default` makes them. Never raises."""
     row = {k: v for k, v in data.items() if k not in _WIRE_KEYS}
     detail = data.get(DETAIL_KEY)
     if detail:

@@ -13,8 +13,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from sgd._internal.integrity import complete_digests, is_disk_full
-from sgd.checkpoint import METADATA_FILE, CheckpointStrategy, write_dict_dir, write_directory_metadata, write_files
+from sgd._common.json_values import finite, json_default
+from sgd._common.protocol import DirectCheckpoint, DirectoryFiles
+from sgd.checkpoint.format import (
+    METADATA_FILE,
+    Checkpoint,
+    CheckpointIntegrityError,
+    CheckpointStrategy,
+    write_dict_dir,
+    write_directory_metadata,
+    write_files,
+)
+from sgd.checkpoint.integrity import complete_digests, is_disk_full
+from sgd.checkpoint.storage import storage_for
+from sgd.redact import redact
 
 logger = logging.getLogger("sgd")
 
@@ -118,7 +130,6 @@ class CheckpointManager:
         :param metrics: the report of the lowest rank that passed one: scored by the
             strategy and stored with the checkpoint.
         """
-        from sgd._internal.protocol import DirectCheckpoint, DirectoryFiles
 
         given = [p for p in payloads if p is not None]
         first, extra = given[0], [p for p in given[1:] if isinstance(p, DirectoryFiles)]
@@ -192,7 +203,6 @@ class CheckpointManager:
         return self.latest_state
 
     def _load_newest_verified(self) -> None:
-        from sgd.checkpoint import Checkpoint, CheckpointIntegrityError
 
         for kept in sorted(self._kept, key=lambda c: c.checkpoint_id, reverse=True):
             # What this driver wrote in this run is trusted as long as its files are
@@ -261,10 +271,9 @@ class CheckpointManager:
         return f"{self.mirror}/{name}"
 
     def _mirror_storage(self) -> Any:
-        from sgd.plugins import get_storage
 
         assert self.mirror is not None
-        return get_storage(self.mirror)
+        return storage_for(self.mirror)
 
     def _upload(self, path: Path) -> None:
         """Copy a finished checkpoint to the mirror (synchronously: when ``save_checkpoint``
@@ -302,8 +311,6 @@ class CheckpointManager:
 
 def json_safe(value: Any) -> Any:
     """``value`` as JSON can hold it (secrets dropped, like results.jsonl)."""
-    from sgd._internal.json_values import finite, json_default
-    from sgd.redact import redact
 
     return json.loads(json.dumps(finite(redact(value)), default=json_default))
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
-from sgd._internal.protocol import (
+from sgd._common.protocol import (
     CHECKPOINT,
     CHECKPOINT_KEY,
     DETAIL_KEY,
@@ -36,7 +36,8 @@ from sgd._internal.protocol import (
     RemoteError,
     encode_line,
 )
-from sgd._internal.run_hooks import run_error_hooks
+from sgd._common.run_hooks import run_error_hooks
+from sgd.checkpoint import METADATA_FILE, Checkpoint, write_dict_dir, write_directory_metadata, write_files
 
 #: How many items a worker may buffer ahead of the driver before ``report`` blocks.
 DEFAULT_MAX_PENDING = int(os.environ.get("SGD_MAX_PENDING_RESULTS", "1024"))
@@ -216,7 +217,7 @@ class Session:
         out["_time_this_iter_s"] = now - self._last_report_time
         out["_training_iteration"] = self._iteration
         # Always sent (and always in results.jsonl): whether the driver hands them on is decided
-        # there, per round (sgd._internal.protocol.detailed_metrics_enabled), so the switch
+        # there, per round (sgd._common.protocol.detailed_metrics_enabled), so the switch
         # works when set late.
         second = int(now)
         if second != self._date_second:  # the date string changes once a second
@@ -298,7 +299,6 @@ class Session:
 
     def _checkpoint_payload(self, checkpoint: Any) -> Any:
         """What travels to the driver for a checkpoint passed to ``sgd.report``."""
-        from sgd.checkpoint import Checkpoint
 
         if not isinstance(checkpoint, Checkpoint):
             raise TypeError(f"sgd.report(checkpoint=...) takes an sgd.Checkpoint, got {type(checkpoint).__name__}")
@@ -321,7 +321,6 @@ class Session:
         import shutil
         import uuid
 
-        from sgd.checkpoint import write_directory_metadata
 
         assert self._direct_write is not None
         target = os.path.join(self._direct_write.directory, f".tmp_direct_{uuid.uuid4().hex[:12]}")
@@ -351,7 +350,6 @@ class Session:
 
     def get_checkpoint(self) -> Any:
         """The latest checkpoint as an ``sgd.Checkpoint`` (see ``sgd.get_checkpoint``)."""
-        from sgd.checkpoint import Checkpoint, write_files
 
         if self.latest_checkpoint_object is not None:
             return self.latest_checkpoint_object
@@ -374,7 +372,6 @@ class Session:
         import shutil
         import uuid
 
-        from sgd.checkpoint import write_dict_dir
 
         assert self._direct_write is not None
         target = os.path.join(self._direct_write.directory, f".tmp_direct_{uuid.uuid4().hex[:12]}")
@@ -411,7 +408,7 @@ class Session:
                     self._delivered_checkpoints.append(item)
                     break
             self._cv.notify_all()
-            self._last_batch = batch  # kept until the next poll: see sgd._internal.unsendable
+            self._last_batch = batch  # kept until the next poll: see sgd._worker.unsendable
             finished = self._finished and not self._items
         # Each report's results.jsonl text is encoded here, in the worker (outside the lock, so
         # the training thread goes on reporting), so that the driver's work per round does not
@@ -431,7 +428,6 @@ class Session:
 
 def read_files(directory: str) -> Dict[str, bytes]:
     """Every file under ``directory`` by relative path (sgd's metadata file left out)."""
-    from sgd.checkpoint import METADATA_FILE
 
     root = Path(directory)
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))

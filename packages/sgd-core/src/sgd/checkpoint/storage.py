@@ -1,14 +1,16 @@
 """Checkpoint storage: local paths are plain files; URIs go through the
-``sgd_checkpoint_storage`` hook (:func:`sgd.plugins.get_storage`). Core's built-in plugin answers for any URI
-that ``pyarrow.fs`` understands (``file://``, ``s3://``, ``gs://``, ``hdfs://``)
-and for fsspec URIs (``memory://`` and others) when fsspec is installed.
+``sgd_checkpoint_storage`` hook (:func:`storage_for`). When no plugin answers, core's own
+storage does for any URI that ``pyarrow.fs`` understands (``file://``, ``s3://``, ``gs://``,
+``hdfs://``) and for fsspec URIs (``memory://`` and others) when fsspec is installed.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from typing import Any, Tuple
+from typing import Any, Optional, Tuple
+
+from sgd.plugins import get_plugin_manager
 
 _URI = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 
@@ -59,3 +61,31 @@ class PyArrowStorage:
     def delete_dir(self, uri: str) -> None:
         _, path = self.for_uri(uri)
         self.fs.delete_dir(path)
+
+
+def storage_for(uri: str) -> Any:
+    """The checkpoint storage object for ``uri``: the first ``sgd_checkpoint_storage`` hook
+    that answers, else core's own ``pyarrow.fs`` storage.
+
+    :raises ValueError: nothing handles the URI's scheme (the message says what to install).
+    """
+    storage = get_plugin_manager().hook.sgd_checkpoint_storage(uri=uri)
+    if storage is None:
+        storage = _builtin_storage(uri)
+    if storage is None:
+        scheme = uri.split("://", 1)[0]
+        raise ValueError(
+            f"no checkpoint storage for {scheme}:// URIs; install pyarrow (and fsspec for fsspec-only "
+            "schemes) or a plugin that provides it (see `sgd plugins`)."
+        )
+    return storage
+
+
+def _builtin_storage(uri: str) -> Optional[PyArrowStorage]:
+    if not is_uri(uri):
+        return None
+    try:
+        storage, _ = PyArrowStorage.for_uri(uri)
+    except Exception:  # pyarrow missing, or a scheme neither pyarrow nor fsspec knows
+        return None
+    return storage

@@ -14,6 +14,9 @@ import shutil
 from pathlib import Path, PurePosixPath
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
+from sgd.checkpoint.codecs import get_codec
+from sgd.errors import CheckpointError, CheckpointIntegrityError
+
 logger = logging.getLogger("sgd")
 
 METADATA_FILE = ".sgd_checkpoint.json"
@@ -25,7 +28,6 @@ _DISK_FULL_WORDS = ("no space left", "unexpected pos", "disk quota exceeded", "f
 
 
 def _integrity_error(message: str) -> Exception:
-    from sgd.errors import CheckpointIntegrityError
 
     return CheckpointIntegrityError(message)
 
@@ -127,14 +129,12 @@ def verify(directory: Path, meta: Dict[str, Any], where: str) -> None:
 
 def check(directory: Path) -> Optional[str]:
     """``None`` if the checkpoint verifies, else why not (for listings: ``sgd runs show``)."""
-    from sgd.errors import CheckpointError
 
     try:
         meta = read_metadata(directory, str(directory))
         verify(directory, meta, str(directory))
         if meta.get("format") == "dict":
             confined(directory, meta.get("state_file"), str(directory))
-            from sgd.codecs import get_codec
 
             get_codec(meta.get("codec"), str(directory))
     except CheckpointError as exc:

@@ -1,6 +1,6 @@
 """What a worker runs when a training function on it raised (a leaf module: imports nothing
 of sgd). Backends register through :func:`sgd.backend.on_worker_run_error`; the session runs
-them (:mod:`sgd._internal.session`)."""
+them (:mod:`sgd._worker.session`)."""
 
 from __future__ import annotations
 

@@ -7,12 +7,12 @@ to every backend's setup through the same hooks.
 
 from __future__ import annotations
 
+from sgd.backend import BackendConfig, BackendSpec, share_cuda_visible_devices
 from sgd.hookspecs import hookimpl
 
 
 @hookimpl
 def sgd_backends():
-    from sgd.backend import BackendConfig, BackendSpec
 
     # The no-op backend: plain Python workers, no framework set up.
     return [BackendSpec("base", BackendConfig, provider="sgd-core")]
@@ -24,7 +24,6 @@ def sgd_backends():
 @hookimpl(tryfirst=True)
 def sgd_backend_setup(worker_group, backend_config, backend):
     if getattr(backend, "share_cuda_visible_devices", False):
-        from sgd.backend import share_cuda_visible_devices
 
         share_cuda_visible_devices(worker_group)
     backend.on_start(worker_group, backend_config)
@@ -43,21 +42,6 @@ def sgd_backend_teardown(worker_group, backend_config, backend):
 @hookimpl
 def sgd_backend_handle_failure(worker_group, backend_config, backend, error):
     backend.on_failure(worker_group, backend_config, error)
-
-
-@hookimpl
-def sgd_checkpoint_storage(uri):
-    from sgd._internal.storage import PyArrowStorage, is_uri
-
-    if not is_uri(uri):
-        return None
-    try:
-        storage, _ = PyArrowStorage.for_uri(uri)
-    except ImportError:
-        return None
-    except Exception:
-        return None
-    return storage
 
 
 @hookimpl

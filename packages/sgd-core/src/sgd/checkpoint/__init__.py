@@ -1,0 +1,44 @@
+"""Checkpoints, in one package: the format, integrity checks, storage, retention.
+
+- :mod:`sgd.checkpoint.format`: :class:`Checkpoint` (a directory or a dict),
+  :class:`CheckpointStrategy` (what to keep), the on-disk layout and its metadata.
+- :mod:`sgd.checkpoint.codecs`: how a dict's state becomes one file (``sgd.codecs`` is the
+  same module under its older public name).
+- :mod:`sgd.checkpoint.integrity`: digests, confinement to the directory, disk-full errors.
+- :mod:`sgd.checkpoint.storage`: local paths and URIs (the ``sgd_checkpoint_storage`` hook).
+- :mod:`sgd.checkpoint.manager`: the driver's :class:`~sgd.checkpoint.manager.CheckpointManager`,
+  which registers the checkpoints workers send or write, commits them atomically, keeps the
+  top K and mirrors them to a storage URI.
+
+This module only re-exports the public names.
+"""
+
+from sgd.checkpoint.codecs import TRUST_ENV
+from sgd.checkpoint.format import (
+    DEFAULT_CODEC,
+    METADATA_FILE,
+    Checkpoint,
+    CheckpointError,
+    CheckpointIntegrityError,
+    CheckpointStrategy,
+    UntrustedCheckpointError,
+    newest_loadable,
+    write_dict_dir,
+    write_directory_metadata,
+    write_files,
+)
+
+__all__ = [
+    "DEFAULT_CODEC",
+    "METADATA_FILE",
+    "TRUST_ENV",
+    "Checkpoint",
+    "CheckpointError",
+    "CheckpointIntegrityError",
+    "CheckpointStrategy",
+    "UntrustedCheckpointError",
+    "newest_loadable",
+    "write_dict_dir",
+    "write_directory_metadata",
+    "write_files",
+]
