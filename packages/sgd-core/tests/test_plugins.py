@@ -101,6 +101,63 @@ def test_hooks_see_setup_rounds_and_add_callbacks(fresh_plugins, ray_cluster):
     assert seen["teardown"] == 1
 
 
+def test_a_trainers_own_plugins_reach_its_hooks_only(fresh_plugins, ray_cluster):
+    """Trainer(plugins=[...]): a plugin manager per trainer. Its plugin sees that trainer's
+    setup and rounds, before the callbacks; another trainer in the process and the
+    process-wide registry never see it."""
+    order = []
+
+    class Mine:
+        @sgd.hookimpl
+        def sgd_backend_training_start(self, worker_group):
+            order.append(("training_start", len(worker_group)))
+
+        @sgd.hookimpl
+        def sgd_handle_result(self, results, run_info):
+            assert [type(c).__name__ for c in run_info["callbacks"]] == ["Seen"]
+            order.append(("plugin", results[0]["i"]))
+
+    class Seen(sgd.TrainingCallback):
+        def handle_result(self, results, **info):
+            order.append(("callback", results[0]["i"]))
+
+    def train_func():
+        for i in range(2):
+            sgd.report(i=i)
+
+    mine = Mine()
+    own = sgd.Trainer(backend=sgd.BackendConfig(), num_workers=2, plugins=[mine])
+    other = sgd.Trainer(backend=sgd.BackendConfig(), num_workers=1)
+    own.start()
+    other.start()
+    try:
+        own.run(train_func, callbacks=[Seen()])
+        assert order == [("training_start", 2), ("plugin", 0), ("callback", 0), ("plugin", 1), ("callback", 1)]
+        order.clear()
+        other.run(train_func, callbacks=[Seen()])
+        assert order == [("callback", 0), ("callback", 1)]
+    finally:
+        own.shutdown()
+        other.shutdown()
+    assert not fresh_plugins.get_plugin_manager().is_registered(mine)
+
+
+def test_core_delivers_results_to_callbacks_through_sgd_handle_result(fresh_plugins):
+    from sgd import _builtin
+
+    pm = fresh_plugins.plugin_manager_for()
+    impls = pm.hook.sgd_handle_result.get_hookimpls()
+    assert impls[0].plugin is _builtin  # trylast: called after every other plugin's
+    got = []
+
+    class Cb(sgd.TrainingCallback):
+        def handle_result(self, results, **info):
+            got.append(results)
+
+    pm.hook.sgd_handle_result(results=[{"a": 1}], run_info={"callbacks": [Cb(), Cb()]})
+    assert got == [[{"a": 1}], [{"a": 1}]]
+
+
 def _run_sgd(*args, env_extra=None):
     env = dict(os.environ, **(env_extra or {}))
     return subprocess.run([sys.executable, "-m", "sgd", *args], capture_output=True, text=True, env=env, check=True)

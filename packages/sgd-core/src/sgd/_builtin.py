@@ -44,6 +44,14 @@ def sgd_backend_handle_failure(worker_group, backend_config, backend, error):
     backend.on_failure(worker_group, backend_config, error)
 
 
+# The run's callbacks get each round through this hook, after every plugin's implementation
+# (trylast): core dogfoods sgd_handle_result instead of calling the callbacks itself.
+@hookimpl(trylast=True)
+def sgd_handle_result(results, run_info):
+    for callback in run_info.get("callbacks", ()):
+        callback.handle_result(results)
+
+
 @hookimpl
 def sgd_checkpoint_storage_schemes():
     try:

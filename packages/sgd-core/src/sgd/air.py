@@ -307,8 +307,15 @@ class DataParallelTrainer:
             return results_root() / name, str(storage)
         return Path(storage).expanduser().resolve() / name, None
 
-    def _make_trainer(self) -> Any:
+    @property
+    def resuming_run_dir(self) -> Optional[Path]:
+        """The run directory a trainer made by :meth:`restore` continues, else ``None``."""
+        return self._restore_run_dir
 
+    def make_trainer(self) -> Trainer:
+        """The :class:`sgd.Trainer` that :meth:`fit` runs, not started: the scaling, run and
+        failure configs applied (for a restored trainer, one that continues its run directory).
+        sgd-tune runs each trial on one."""
         sc = self.scaling_config
         failure_config = self.run_config.failure_config or FailureConfig()
         failures = failure_config.max_failures
@@ -334,7 +341,7 @@ class DataParallelTrainer:
 
     def fit(self) -> Result:
         """Train; the :class:`Result`, whose ``error`` is set if training failed (never raises for it)."""
-        trainer = self._make_trainer()
+        trainer = self.make_trainer()
         error: Optional[BaseException] = None
         checkpoint_config = self.run_config.checkpoint_config or CheckpointConfig()
         previous_progress = os.environ.get("SGD_PROGRESS")

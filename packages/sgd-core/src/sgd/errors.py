@@ -10,6 +10,7 @@ A user exception on a worker is re-raised with its own type, and its ``__cause__
 from __future__ import annotations
 
 __all__ = [
+    "ResourcesUnavailableError",
     "CheckpointError",
     "CheckpointIntegrityError",
     "TrainingFailedError",
@@ -60,3 +61,11 @@ class CheckpointIntegrityError(CheckpointError):
 class UntrustedCheckpointError(CheckpointError):
     """Loading the checkpoint needs pickle (it holds arbitrary Python objects) and the caller
     did not opt in with ``trusted=True`` or ``SGD_TRUST_CHECKPOINTS=1``."""
+
+
+class ResourcesUnavailableError(RuntimeError, TimeoutError):
+    """The cluster could not place the workers in time.
+
+    Also a :class:`TimeoutError`, which is what Horovod's ``RayExecutor`` and Ray Train 1.x
+    code catch for the same case.
+    """

@@ -178,11 +178,22 @@ def sgd_default_callbacks(trainer: Any) -> Sequence[TrainingCallback]:
 def sgd_handle_result(results: list, run_info: dict) -> None:
     """Observe one round of results (one dict per worker, world-rank order).
 
-    Called on the driver for every report round, before user callbacks. All
-    implementations are called. Keep it fast: it sits on the report path.
+    Called on the driver for every report round, after the round is persisted to the run's
+    ``results.jsonl``. All implementations are called; sgd-core's own runs last and hands the
+    round to the run's callbacks (:meth:`sgd.TrainingCallback.handle_result`), so a plugin
+    sees each round before any callback. An exception raised here ends the run like a
+    callback's would. Keep it fast: it sits on the report path.
 
     :param results: the round, one metrics dict per worker.
-    :param run_info: ``{"run_dir": str, "logdir": str, "config": dict}``.
+    :param run_info: ``{"run_dir": str, "logdir": str, "config": dict, "callbacks": list}``
+        (``callbacks``: the run's :class:`sgd.TrainingCallback` objects, in order).
+
+    Example::
+
+        @sgd.hookimpl
+        def sgd_handle_result(results, run_info):
+            if results[0].get("loss", 0) > 1e6:
+                raise RuntimeError(f"loss diverged in {run_info['run_dir']}")
     """
 
 

@@ -12,7 +12,7 @@ import logging
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 import pluggy
 
@@ -97,8 +97,28 @@ def _build() -> _State:
 
 
 def get_plugin_manager() -> pluggy.PluginManager:
-    """The process-wide plugin manager (built on first use)."""
+    """The process-wide registry (built on first use): sgd-core's own plugin and the installed
+    entry points. A trainer calls hooks through its own manager (:func:`plugin_manager_for`);
+    what runs outside any trainer (checkpoint storage and codecs) calls them through this one."""
     return _get_state().pm
+
+
+def plugin_manager_for(extra: Sequence[object] = ()) -> pluggy.PluginManager:
+    """A plugin manager of its own, for one trainer (or one ``sgd run`` launch), as pytest
+    keeps one per session: every plugin the process-wide registry holds (sgd-core's own, the
+    installed entry points, any registered by hand), in the same order, plus ``extra``, which
+    only this manager sees. Hooks called through it reach exactly these plugins.
+    """
+    state = _get_state()
+    pm = pluggy.PluginManager("sgd")
+    pm.add_hookspecs(hookspecs)
+    with _lock:
+        shared = [(name, plugin) for name, plugin in state.pm.list_name_plugin() if plugin is not None]
+    for name, plugin in shared:
+        pm.register(plugin, name=name)
+    for plugin in extra:
+        pm.register(plugin)
+    return pm
 
 
 def _get_state() -> _State:
@@ -126,15 +146,17 @@ def register(plugin: object, name: Optional[str] = None) -> None:
         state.backends = None
 
 
-def run_backend_teardown(worker_group: Workers, backend_config: BackendConfig, backend: Backend) -> None:
+def run_backend_teardown(worker_group: Workers, backend_config: BackendConfig, backend: Backend,
+                         hook: Optional[Any] = None) -> None:
     """Call every ``sgd_backend_teardown`` implementation (the backend's own last), logging
     the ones that fail instead of raising: the workers must be released whatever happens.
 
-    For code that sets a backend up on a :class:`~sgd.WorkerGroup` of its own (as
-    ``sgd_horovod.RayExecutor`` does): run it in the group's shutdown hook.
+    :param hook: the hook relay of the plugin manager to use (a trainer's own,
+        :func:`plugin_manager_for`); by default the process-wide one's.
     """
+    caller = (hook if hook is not None else get_plugin_manager().hook).sgd_backend_teardown
     kwargs = {"worker_group": worker_group, "backend_config": backend_config, "backend": backend}
-    for impl in reversed(get_plugin_manager().hook.sgd_backend_teardown.get_hookimpls()):
+    for impl in reversed(caller.get_hookimpls()):
         try:
             impl.function(**{name: kwargs[name] for name in impl.argnames})
         except Exception:

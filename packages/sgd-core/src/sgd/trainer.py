@@ -18,7 +18,7 @@ from sgd.checkpoint import Checkpoint, CheckpointStrategy
 from sgd.checkpoint.manager import CheckpointManager
 from sgd.checkpoint.storage import is_uri, storage_for
 from sgd.data import DatasetConfig
-from sgd.plugins import get_plugin_manager, resolve_backend
+from sgd.plugins import plugin_manager_for, resolve_backend
 from sgd.utils import resolve_num_workers, resolve_resources, results_root, wrap_train_func
 from sgd.worker_group import PLACEMENT_STRATEGIES, WorkerGroup
 
@@ -64,6 +64,9 @@ class Trainer:
         cluster to have room for them (after a host is lost: for it, or another, to come back),
         logging what is missing and where, before it fails with
         :class:`~sgd.ResourcesUnavailableError`. ``None``: ``SGD_PLACEMENT_TIMEOUT_S`` (120 s).
+    :param plugins: plugin objects (modules or instances with ``@sgd.hookimpl`` functions)
+        that only this trainer's hooks call, beside the installed plugins; nothing is
+        registered process-wide. ``sgd run`` passes its launcher plugin this way.
     """
 
     def __init__(
@@ -78,6 +81,7 @@ class Trainer:
         storage_path: Optional[str] = None,
         placement_strategy: str = "PACK",
         placement_timeout_s: Optional[float] = None,
+        plugins: Optional[Sequence[object]] = None,
     ):
         if placement_timeout_s is not None and (
             isinstance(placement_timeout_s, bool) or not isinstance(placement_timeout_s, (int, float))
@@ -106,6 +110,9 @@ class Trainer:
             uri = storage_path if is_uri(storage_path) else Path(storage_path).expanduser().resolve().as_uri()
             storage_for(uri)  # fail now, with the install hint, not at the first checkpoint
             self.storage_path = uri
+        #: Plugin objects (``@sgd.hookimpl`` functions) only this trainer's hooks call, beside
+        #: the installed ones: see :func:`sgd.plugins.plugin_manager_for`.
+        self.plugins: List[object] = list(plugins or ())
         self._controller: Optional[RunController] = None
         self._latest_run_dir: Optional[Path] = None
         self._manager: Optional[CheckpointManager] = None
@@ -124,6 +131,41 @@ class Trainer:
     def num_workers(self) -> int:
         """Workers the trainer starts (the max of an elastic range)."""
         return self._max_workers
+
+    @property
+    def min_workers(self) -> int:
+        """The fewest workers a run goes on with (equal to :attr:`max_workers` unless elastic)."""
+        return self._min_workers
+
+    @property
+    def max_workers(self) -> int:
+        """The most workers the trainer starts (its ``num_workers``, or the max of an elastic range)."""
+        return self._max_workers
+
+    @property
+    def use_gpu(self) -> bool:
+        return self._use_gpu
+
+    @property
+    def resuming_run_dir(self) -> Optional[Path]:
+        """The run directory this trainer continues (made by :meth:`restore`), else ``None``."""
+        return self._resume_run.path if self._resume_run is not None else None
+
+    def settings(self) -> Dict[str, Any]:
+        """The keyword arguments that make an equal, not started trainer, ``logdir`` left out:
+        ``sgd.Trainer(**trainer.settings(), logdir=...)``. sgd-tune builds each trial's
+        trainer from them."""
+        lo, hi = self._min_workers, self._max_workers
+        return {
+            "backend": self._backend_config,
+            "num_workers": hi if lo == hi else (lo, hi),
+            "use_gpu": self._use_gpu,
+            "resources_per_worker": dict(self._resources),
+            "max_retries": self.max_retries,
+            "storage_path": self.storage_path,
+            "placement_strategy": self.placement_strategy,
+            "placement_timeout_s": self.placement_timeout_s,
+        }
 
     @property
     def resources_per_worker(self) -> Dict[str, float]:
@@ -198,12 +240,15 @@ class Trainer:
     # --- lifecycle ----------------------------------------------------------------
 
     def _make_controller(self) -> RunController:
+        # A plugin manager per started group: the installed plugins as they are now, plus this
+        # trainer's own (pytest keeps one per session; nothing is registered process-wide).
+        hook = plugin_manager_for(self.plugins).hook
         executor = BackendExecutor(self._backend_config, self._max_workers, self._resources,
                                    min_workers=self._min_workers, placement_strategy=self.placement_strategy,
-                                   placement_timeout_s=self.placement_timeout_s)
+                                   placement_timeout_s=self.placement_timeout_s, hook=hook)
         return RunController(executor, self.max_retries)
 
-    def _settings(self) -> Dict[str, Any]:
+    def _settings_json(self) -> Dict[str, Any]:
         import dataclasses
 
         return {
@@ -306,7 +351,7 @@ class Trainer:
         initial = self._checkpoint_dict(checkpoint)
         all_callbacks = list(callbacks or [])
         # pluggy returns the most recently registered plugin first; use registration order.
-        for extra in reversed(get_plugin_manager().hook.sgd_default_callbacks(trainer=self)):
+        for extra in reversed(self._controller.executor.hook.sgd_default_callbacks(trainer=self)):
             all_callbacks.extend(extra or [])
         codec = self._backend_config.backend_cls.checkpoint_codec
         resume, self._resume_run = self._resume_run, None
@@ -323,7 +368,7 @@ class Trainer:
             self._manager = CheckpointManager(run.checkpoint_dir, strategy, codec, mirror=self._mirror_for(run.path))
         trial = self.trial_info or {}
         # The run's config and trial are kept with it for Result.metrics (Ray Train's "config", "trial_id").
-        run.write_settings(dict(self._settings(), run_config=config or {}, trial_id=trial.get("id")))
+        run.write_settings(dict(self._settings_json(), run_config=config or {}, trial_id=trial.get("id")))
         self._latest_run_dir = run.path
         spec = RunSpec(
             train_func=fn, config=config or {}, callbacks=all_callbacks, checkpoint=initial,
@@ -379,7 +424,8 @@ class Trainer:
         """A Ray Tune trainable running this trainer's setup per trial (needs ``sgd-tune``)."""
         if self._controller is not None:
             raise RuntimeError("to_tune_trainable() needs a trainer that is not started; call it before start()")
-        trainable = get_plugin_manager().hook.sgd_tune_trainable(trainer=self, train_func=train_func, dataset=dataset)
+        hook = plugin_manager_for(self.plugins).hook
+        trainable = hook.sgd_tune_trainable(trainer=self, train_func=train_func, dataset=dataset)
         if trainable is None:
             raise ImportError("Trainer.to_tune_trainable needs the sgd-tune package: pip install sgd-tune")
         return trainable

@@ -7,8 +7,6 @@ directly, and what :class:`sgd.Trainer` runs training functions on.
 from __future__ import annotations
 
 import logging
-import os
-import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, Iterator, List, Optional, Tuple, Union
 
@@ -17,41 +15,27 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from sgd._common.nodes import avoid_selector
+
+# Placement's names are re-exported here, where code importing them has found them so far.
+from sgd._common.placement import (  # noqa: F401
+    PLACEMENT_STRATEGIES,
+    capacity_summary,
+    infeasible_timeout_s,
+    placement_timeout_s,
+    wait_for_placement,
+)
 from sgd._worker.session import WorkerContext
+from sgd.errors import ResourcesUnavailableError
 from sgd.utils import ensure_ray
 
 if TYPE_CHECKING:
     from sgd.backend import Backend
-from sgd._common.scaling import fit_per_node
 from sgd._worker.actor import WorkerMetadata, remote_worker_class
 
 logger = logging.getLogger("sgd")
 
-#: Ray placement-group strategies a worker group may use.
-PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
-
-
-def placement_timeout_s() -> float:
-    """Seconds to wait for resources that the cluster has but are in use (``SGD_PLACEMENT_TIMEOUT_S``)."""
-    return float(os.environ.get("SGD_PLACEMENT_TIMEOUT_S", "120"))
-
-
-def infeasible_timeout_s() -> float:
-    """Seconds to wait for resources the cluster does not have at all, in case nodes are
-    joining (``SGD_INFEASIBLE_TIMEOUT_S``)."""
-    return float(os.environ.get("SGD_INFEASIBLE_TIMEOUT_S", "10"))
-
-
 #: After one worker's call in :meth:`WorkerGroup.execute` failed, how long the others may go on.
 EXECUTE_ERROR_GRACE_S = 5.0
-
-
-class ResourcesUnavailableError(RuntimeError, TimeoutError):
-    """The cluster could not place the workers in time.
-
-    Also a :class:`TimeoutError`, which is what Horovod's ``RayExecutor`` and Ray Train 1.x
-    code catch for the same case.
-    """
 
 
 def _check_count(value: Any, name: str) -> None:
@@ -245,32 +229,7 @@ class WorkerGroup:
         return [(pg, i) for i in range(count)]
 
     def _wait_for_placement(self, pg: PlacementGroup, bundle: Dict[str, float], count: int, owned: bool) -> None:
-        feasible, why = _feasible(bundle, count, self._avoid_nodes) if owned else (True, "")
-        timeout = self._placement_timeout_s
-        if timeout is None:
-            timeout = placement_timeout_s() if feasible else infeasible_timeout_s()
-        deadline = time.monotonic() + timeout
-        ready = pg.ready()
-        while True:
-            done, _ = ray.wait([ready], timeout=min(5.0, max(0.0, deadline - time.monotonic())))
-            if done:
-                return
-            if time.monotonic() >= deadline:
-                break
-            logger.warning("waiting for resources for %d workers of %s; %s", count, bundle,
-                           capacity_summary(bundle, self._avoid_nodes))
-        if not owned:
-            raise ResourcesUnavailableError(
-                f"the placement group passed as placement_group= was not ready within {timeout:.0f}s; "
-                "check that the cluster can hold its bundles (ray.util.placement_group_table())."
-            )
-        feasible, why = _feasible(bundle, count, self._avoid_nodes)
-        raise ResourcesUnavailableError(
-            f"could not place {count} workers of {bundle} within {timeout:.0f}s: "
-            + (why if not feasible else "the resources exist but are in use by other work")
-            + f" ({capacity_summary(bundle, self._avoid_nodes)})"
-            + ". Ask for fewer workers or resources per worker, or add nodes to the cluster."
-        )
+        wait_for_placement(pg, bundle, count, owned, self._avoid_nodes, self._placement_timeout_s)
 
     def _launch(self, slots: List[Tuple[PlacementGroup, int]]) -> Tuple[List[Any], List[WorkerMetadata]]:
         """Start one actor per slot and wait for each to report where it runs."""
@@ -614,46 +573,3 @@ class WorkerGroup:
         return f"WorkerGroup(num_workers={self.num_workers}, bundle={self.bundle}, {state})"
 
 
-def capacity_summary(bundle: Dict[str, float], avoid: Collection[str] = ()) -> str:
-    """Where workers of ``bundle`` could go now: per alive host, how many fit in its free
-    resources; hosts being avoided (lost or draining) and dead ones are named as such."""
-
-    fits = fit_per_node(bundle)
-    parts, unusable = [], []
-    for node in ray.nodes():
-        node_id, ip = node.get("NodeID", ""), node.get("NodeManagerAddress", "?")
-        if not node.get("Alive"):
-            continue
-        if node_id in avoid:
-            unusable.append(f"{ip} (lost or draining)")
-            continue
-        fit = fits.get(node_id, 0)
-        if node.get("Resources", {}).get("CPU", 0) or fit:
-            parts.append(f"{ip}: {fit}")
-    text = "workers that fit now, per host: " + (", ".join(parts) if parts else "none")
-    if unusable:
-        text += "; not used: " + ", ".join(unusable)
-    return text
-
-
-def _feasible(bundle: Dict[str, float], n: int, avoid: Collection[str] = ()) -> tuple[bool, str]:
-    """Whether the cluster as it is now could ever hold ``n`` bundles (ignoring current use)."""
-    nodes = [node for node in ray.nodes() if node.get("Alive") and node.get("NodeID") not in avoid]
-    totals: Dict[str, float] = {}
-    fits_one_node = False
-    for node in nodes:
-        res = node.get("Resources", {})
-        for k, v in res.items():
-            totals[k] = totals.get(k, 0) + v
-        if all(res.get(k, 0) >= v for k, v in bundle.items()):
-            fits_one_node = True
-    if not fits_one_node:
-        return False, f"no node has {bundle} (cluster has {_summary(totals, bundle)})"
-    for k, v in bundle.items():
-        if totals.get(k, 0) < v * n:
-            return False, f"the cluster has {totals.get(k, 0):g} {k} in all, {v * n:g} are needed"
-    return True, ""
-
-
-def _summary(totals: Dict[str, float], bundle: Dict[str, float]) -> str:
-    return ", ".join(f"{totals.get(k, 0):g} {k}" for k in bundle)

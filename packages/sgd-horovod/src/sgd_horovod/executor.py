@@ -28,9 +28,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import ray
 
-from sgd.plugins import get_plugin_manager, run_backend_teardown
+import sgd
 from sgd.worker_group import WorkerGroup
-from sgd_horovod.config import HorovodConfig, _HorovodBackend
+from sgd_horovod.config import HorovodConfig
 from sgd_horovod.elastic import ElasticJob, RayHostDiscovery
 from sgd_horovod.single import no_collectives
 
@@ -269,19 +269,20 @@ class RayExecutor:
             key=getattr(settings, "key", None),
             timeout_s=settings.timeout_s,
         )
-        group = WorkerGroup(
+        # sgd-core's lifecycle, through its public API: the workers placed as HorovodWorker
+        # actors, the backend set up by the hooks (one backend object for the group's life: it
+        # holds the rendezvous), torn down when the group shuts down. Horovod's RayExecutor does
+        # not retry a start, so neither does this one.
+        trainer = sgd.Trainer(
+            backend=config,
             num_workers=self.num_workers,
-            num_cpus_per_worker=self.cpus_per_worker,
-            num_gpus_per_worker=self.gpus_per_worker,
-            actor_cls=HorovodWorker,
+            use_gpu=self.gpus_per_worker > 0,
+            resources_per_worker={"CPU": self.cpus_per_worker, "GPU": self.gpus_per_worker},
+            max_retries=0,
             placement_timeout_s=getattr(settings, "placement_group_timeout_s", None),
-            preload_modules=_HorovodBackend.preload_modules,
         )
+        group = trainer.to_worker_group(HorovodWorker)
         try:
-            backend = config.backend_cls()  # one object for the group's life (it holds the rendezvous)
-            get_plugin_manager().hook.sgd_backend_setup(worker_group=group, backend_config=config, backend=backend)
-            group.backend = backend
-            group.add_shutdown_hook(lambda wg: run_backend_teardown(wg, config, backend))
             if extra_env_vars:
                 ray.get([w.update_env_vars.remote(extra_env_vars) for w in group])
             ray.get([w.start_executable.remote(executable_cls, executable_args, executable_kwargs) for w in group])

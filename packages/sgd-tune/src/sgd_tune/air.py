@@ -38,7 +38,7 @@ _RUNNING = threading.Lock()
 
 def _settings_key(trainer: Any) -> Tuple[Any, ...]:
     """What must be equal for two trials to share workers."""
-    return (repr(trainer.backend_config), trainer._min_workers, trainer.num_workers,
+    return (repr(trainer.backend_config), trainer.min_workers, trainer.max_workers,
             sorted(trainer.resources_per_worker.items()), trainer.placement_strategy, trainer.storage_path)
 
 
@@ -122,10 +122,10 @@ def make_air_trainable(base: Any) -> Callable[[Dict[str, Any]], None]:
 def _started_trainer(trainer: Any) -> Any:
     """The sgd trainer for this trial: the one kept from the previous trial on this actor if
     its settings match (its workers reused), else a new one, started."""
-    made = trainer._make_trainer()
+    made = trainer.make_trainer()
     key = _settings_key(made)
     kept = _KEPT["trainer"]
-    if kept is not None and _KEPT["key"] == key and getattr(trainer, "_restore_run_dir", None) is None:
+    if kept is not None and _KEPT["key"] == key and trainer.resuming_run_dir is None:
         kept.logdir, kept.max_retries = made.logdir, made.max_retries
         return kept
     _shutdown_kept()

@@ -254,14 +254,7 @@ def make_trainable(trainer: sgd.Trainer, train_func: Callable[..., Any], dataset
     Each trial builds its own ``sgd.Trainer`` (same backend config, workers, resources,
     ``max_retries``; ``logdir`` under the trial's directory). ``trainer`` itself is never started.
     """
-    lo, hi = trainer._min_workers, trainer._max_workers
-    kwargs = {
-        "backend": trainer._backend_config,
-        "num_workers": hi if lo == hi else (lo, hi),
-        "use_gpu": trainer._use_gpu,
-        "resources_per_worker": dict(trainer._resources),
-        "max_retries": trainer.max_retries,
-    }
+    kwargs = trainer.settings()
     attrs = {
         "_sgd_trainer_kwargs": kwargs,
         "_sgd_train_func": staticmethod(train_func),

@@ -51,7 +51,11 @@ class BackendExecutor:
         min_workers: Optional[int] = None,
         placement_strategy: str = "PACK",
         placement_timeout_s: Optional[float] = None,
+        hook: Any = None,
     ):
+        #: The hooks this group's lifecycle calls: its trainer's plugin manager's
+        #: (:func:`sgd.plugins.plugin_manager_for`), by default the process-wide one's.
+        self.hook = hook if hook is not None else get_plugin_manager().hook
         self.backend_config = backend_config
         self.placement_strategy = placement_strategy
         #: How many workers the group may have; the controller asks it for every resize.
@@ -81,10 +85,6 @@ class BackendExecutor:
     @property
     def max_workers(self) -> int:
         return self.scaling.max_workers
-
-    @property
-    def hook(self) -> Any:
-        return get_plugin_manager().hook
 
     def _hook_kwargs(self) -> Dict[str, Any]:
         return {"worker_group": self.worker_group, "backend_config": self.backend_config, "backend": self.backend}
@@ -196,7 +196,7 @@ class BackendExecutor:
         if self._dirty:
             return  # the framework is in an unknown state; killing the actors cleans up
         assert self.backend is not None
-        run_backend_teardown(worker_group, self.backend_config, self.backend)
+        run_backend_teardown(worker_group, self.backend_config, self.backend, hook=self.hook)
 
     # --- failure and restart ------------------------------------------------------------------
 

@@ -45,7 +45,6 @@ from sgd.callbacks import TrainingCallback
 from sgd.checkpoint.manager import CheckpointManager
 from sgd.data import DatasetConfig, data_cpu_shortfall, shard_datasets, shards_survive_restart
 from sgd.errors import WorkerDiedError
-from sgd.plugins import get_plugin_manager
 from sgd.worker_group import ResourcesUnavailableError, WorkerGroup
 
 logger = logging.getLogger("sgd")
@@ -140,9 +139,10 @@ class ActiveRun:
         self._spec = spec
         self._manager = spec.manager
         self._policy = FailurePolicy(spec.max_retries)
-        self._hook = get_plugin_manager().hook
+        self._hook = controller.executor.hook
         self._shards: Dict[int, Optional[List[Any]]] = {}
         self._delivered_iteration = spec.run_dir.last_iteration()
+        self._run_info = dict(spec.run_info, callbacks=list(spec.callbacks))
         self._rounds: Optional[RoundCollector] = None
         # Host health between rounds: the next check (monotonic), the drain being acted on,
         # a move decided after a checkpoint (done before the next round), the next time an
@@ -427,9 +427,8 @@ class ActiveRun:
             self._after_checkpoint()
         if detailed_metrics_enabled():  # persisted above in full; handed on only when asked for
             round_.add_details()
-        self._hook.sgd_handle_result(results=results, run_info=self._spec.run_info)
-        for cb in self._spec.callbacks:
-            cb.handle_result(results)
+        # The plugins' implementations, then sgd-core's, which hands the round to the callbacks.
+        self._hook.sgd_handle_result(results=results, run_info=self._run_info)
         return results
 
     # --- the end ----------------------------------------------------------------------------------

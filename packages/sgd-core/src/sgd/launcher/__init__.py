@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from sgd import plugins
 from sgd.errors import WorkerError
 from sgd.hookspecs import hookimpl
 from sgd.launcher.output import OutputChannel, OutputPrinter, OutputPump, start_sink, text_stream
@@ -204,11 +203,12 @@ def launcher_env(contexts: Sequence[Any], run_id: str, restart_count: int, max_r
 
 
 class _LaunchPlugin:
-    """Registered for the duration of one launch: before every start of the script (the
-    first and each restart) sets the launcher variables on the workers."""
+    """A plugin of one launch's trainer only (``Trainer(plugins=[...])``): before every start
+    of the script (the first and each restart) sets the launcher variables on the workers."""
 
-    def __init__(self, trainer: Any, run_id: str):
-        self._trainer = trainer
+    def __init__(self, run_id: str):
+        #: the launch's trainer (set once it is made)
+        self.trainer: Any = None
         self._run_id = run_id
         self.starts = 0
 
@@ -216,10 +216,8 @@ class _LaunchPlugin:
     def sgd_backend_training_start(self, worker_group: Any, backend_config: Any) -> None:
         import ray
 
-        if backend_config is not self._trainer.backend_config:
-            return  # another trainer in this process
-        run_dir = self._trainer.latest_run_dir
-        envs = launcher_env(worker_group.contexts, self._run_id, self.starts, self._trainer.max_retries,
+        run_dir = self.trainer.latest_run_dir
+        envs = launcher_env(worker_group.contexts, self._run_id, self.starts, self.trainer.max_retries,
                             str(run_dir) if run_dir is not None else None)
         self.starts += 1
         ray.get([worker_group.execute_single_async(rank, _set_env, env) for rank, env in enumerate(envs)])
@@ -395,17 +393,18 @@ def launch(
         raise LaunchError("backend_config goes with a backend name, not a BackendConfig instance")
     else:
         config = backend
+    plugin = _LaunchPlugin(uuid.uuid4().hex[:12])
     try:
         trainer = Trainer(backend=config, num_workers=num_workers, use_gpu=use_gpu,
-                          resources_per_worker=resources_per_worker, logdir=logdir, max_retries=max_retries)
+                          resources_per_worker=resources_per_worker, logdir=logdir, max_retries=max_retries,
+                          plugins=[plugin])
     except (TypeError, ValueError) as exc:
         raise LaunchError(str(exc)) from None
+    plugin.trainer = trainer
 
 
     sink: Any = None
     pump: Optional[OutputPump] = None
-    plugin = _LaunchPlugin(trainer, uuid.uuid4().hex[:12])
-    plugins.register(plugin, name=f"sgd-run-{id(plugin)}")
     result = LaunchResult(exit_code=1)
     try:
         ensure_ray()
@@ -433,7 +432,6 @@ def launch(
         try:
             trainer.shutdown()
         finally:
-            plugins.get_plugin_manager().unregister(plugin)
             result.starts = plugin.starts
             if pump is not None:
                 pump.stop()
