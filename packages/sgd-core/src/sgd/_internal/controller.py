@@ -467,8 +467,11 @@ class _Relocate(Exception):
     """Raised by a host check inside the round loop: carry a resize out now, not as a failure."""
 
     def __init__(self, decision: Resize):
-        super().__init__(decision.reason)
+        super().__init__(decision)  # the one argument: it pickles like any exception
         self.decision = decision
+
+    def __str__(self) -> str:
+        return self.decision.reason
 
 
 def _discard(payloads: List[Any]) -> None:
