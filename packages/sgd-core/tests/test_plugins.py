@@ -114,7 +114,7 @@ def test_a_trainers_own_plugins_reach_its_hooks_only(fresh_plugins, ray_cluster)
 
         @sgd.hookimpl
         def sgd_handle_result(self, results, run_info):
-            assert [type(c).__name__ for c in run_info["callbacks"]] == ["Seen"]
+            assert type(run_info["callbacks"][0]).__name__ == "Seen"  # yours first, then the defaults
             order.append(("plugin", results[0]["i"]))
 
     class Seen(sgd.TrainingCallback):
