@@ -185,13 +185,15 @@ def _mlp():
 
 
 def _fsdp_regression(config):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
     from sgd_torch import prepare_model
 
     torch.manual_seed(0)
     model = _mlp()
     full = sum(p.numel() for p in model.parameters())
-    model = prepare_model(model, parallel_strategy="fsdp")
-    local = sum(p.numel() for p in model.parameters())
+    model = prepare_model(model, parallel_strategy=config.get("strategy", "fsdp"))
+    local = sum(getattr(p, "_local_tensor", p).numel() for p in model.parameters())
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     g = torch.Generator().manual_seed(sgd.world_rank())
     x = torch.randn(64, 8, generator=g)
@@ -203,33 +205,96 @@ def _fsdp_regression(config):
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
-    state = model.state_dict()  # every worker calls it: it gathers the shards
+    if config.get("strategy") == "fsdp1":
+        state = model.state_dict()  # FSDP1: every worker calls it, it gathers the shards
+    else:  # FSDP2: every worker calls it, rank 0 gets the whole state (on the CPU), the others {}
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     sgd.save_checkpoint(model=state)
     return type(model).__name__, full, local, losses, state
 
 
-def test_fsdp_shards_the_model_and_checkpoints_a_whole_one(trainer):
+def _plain_run(steps=40):
+    """The same training in one process on the two workers' batches: what data parallelism
+    must reproduce (gradients averaged over the workers)."""
+    torch.manual_seed(0)
+    model = _mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    xs = [torch.randn(64, 8, generator=torch.Generator().manual_seed(r)) for r in (0, 1)]
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = sum(torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True)) for x in xs) / 2
+        loss.backward()
+        optimizer.step()
+    return model.state_dict()
+
+
+def test_fsdp_is_fsdp2_per_layer_and_trains_as_one_process_would(trainer):
+    """parallel_strategy="fsdp" is FSDP2 (fully_shard on each layer, then the model): each
+    worker holds about half of every layer, training matches one process on both batches, and
+    the whole state gathered on rank 0 loads into the plain model."""
     (name, full, local0, losses0, state0), (_, _, local1, losses1, state1) = trainer.run(_fsdp_regression)
-    assert name == "FullyShardedDataParallel"
-    assert local0 + local1 <= full + 2 and max(local0, local1) < full  # each holds about half
+    assert name == "FSDPSequential"
+    assert local0 + local1 == full and max(local0, local1) < full  # every parameter split in two
     assert losses0[-1] < losses0[0] / 4 and losses1[-1] < losses1[0] / 4
-    assert state0.keys() == state1.keys()
-    assert all(torch.equal(state0[k], state1[k]) for k in state0)
+    assert state1 == {}  # cpu_offload with a full state dict: rank 0 holds it
+    expected = _plain_run()
+    assert state0.keys() == expected.keys()
+    assert all(torch.allclose(state0[k], expected[k], atol=1e-5) for k in expected)
     plain = _mlp()
     plain.load_state_dict(trainer.latest_checkpoint["model"])  # strict: the keys of the plain model
     assert all(torch.equal(plain.state_dict()[k], state0[k]) for k in state0)
 
 
+def test_fsdp1_stays_reachable(trainer):
+    (name, full, local0, losses0, state0), (_, _, local1, _, state1) = trainer.run(
+        _fsdp_regression, config={"strategy": "fsdp1"})
+    assert name == "FullyShardedDataParallel"
+    assert local0 + local1 <= full + 2 and max(local0, local1) < full  # each holds about half
+    assert losses0[-1] < losses0[0] / 4
+    assert all(torch.equal(state0[k], state1[k]) for k in state0)
+    plain = _mlp()
+    plain.load_state_dict(trainer.latest_checkpoint["model"])
+
+
+def test_shard_units_are_the_layers():
+    from sgd_torch.train_loop_utils import shard_units
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn, self.mlp = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(10, 4)
+            self.blocks = torch.nn.ModuleList([Block() for _ in range(3)])
+            self.head = torch.nn.Linear(4, 2)
+
+    net = Net()
+    assert shard_units(net) == list(net.blocks)  # transformer-style: one unit per block
+    mlp = _mlp()
+    assert shard_units(mlp) == [mlp[0], mlp[2]]  # a Sequential: its layers with parameters
+    flat = torch.nn.Module()
+    flat.a, flat.b = torch.nn.Linear(2, 2), torch.nn.ReLU()
+    assert shard_units(flat) == [flat.a]  # no container: the children that hold parameters
+
+
 def _checkpoints_the_fsdp_module(config):
     from sgd_torch import prepare_model
 
-    model = prepare_model(_mlp(), parallel_strategy="fsdp")
-    sgd.save_checkpoint(model=model)
+    model = prepare_model(_mlp(), parallel_strategy=config["strategy"])
+    sgd.save_checkpoint(model=model if config["what"] == "module" else model.state_dict())
 
 
-def test_an_fsdp_module_in_a_checkpoint_is_refused_with_the_way_out(trainer):
-    with pytest.raises(TypeError, match=r"model.state_dict\(\)"):
-        trainer.run(_checkpoints_the_fsdp_module)
+@pytest.mark.parametrize("strategy,what,match", [
+    ("fsdp1", "module", r"model.state_dict\(\)"),
+    ("fsdp", "module", r"DTensor shards of an FSDP2 model.*get_model_state_dict"),
+    ("fsdp", "state_dict", r"DTensor shards of an FSDP2 model.*full_state_dict=True"),
+])
+def test_a_sharded_model_in_a_checkpoint_is_refused_with_the_way_out(trainer, strategy, what, match):
+    with pytest.raises(TypeError, match=match):
+        trainer.run(_checkpoints_the_fsdp_module, config={"strategy": strategy, "what": what})
     assert trainer.run(lambda: sgd.world_rank()) == [0, 1]  # the trainer is still usable
 
 
@@ -243,7 +308,8 @@ def test_parallel_strategy_names(trainer):
     assert trainer.run(_wrapper_of, config={})[0] == "DistributedDataParallel"
     assert trainer.run(_wrapper_of, config={"parallel_strategy": None})[0] == "Sequential"
     assert trainer.run(_wrapper_of, config={"wrap_ddp": False})[0] == "Sequential"
-    with pytest.raises(ValueError, match="'ddp', 'fsdp' or None"):
+    assert trainer.run(_wrapper_of, config={"parallel_strategy": "fsdp"})[0] == "FSDPSequential"
+    with pytest.raises(ValueError, match="'ddp', 'fsdp', 'fsdp1' or None"):
         trainer.run(_wrapper_of, config={"parallel_strategy": "zero3"})
 
 

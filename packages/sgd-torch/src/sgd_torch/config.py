@@ -277,6 +277,8 @@ def _to_cpu(data: Any) -> Any:
     if isinstance(data, (int, float, str, bool, type(None))):
         return data
     if isinstance(data, torch.Tensor):
+        if _is_dtensor(data):
+            raise TypeError(_SHARDED_STATE)
         return data.detach().cpu() if data.device.type != "cpu" else data.detach()
     if isinstance(data, dict):
         return {k: _to_cpu(v) for k, v in data.items()}
@@ -339,6 +341,21 @@ def _from_transport(data: Any) -> Any:
     return data
 
 
+#: Why a sharded (FSDP2) state cannot go into a whole-state report or checkpoint, and the ways out.
+_SHARDED_STATE = (
+    "this state holds DTensor shards of an FSDP2 model (prepare_model(parallel_strategy='fsdp')): each "
+    "worker has only its part, and only rank 0's checkpoint is kept. Put "
+    "torch.distributed.checkpoint.state_dict.get_model_state_dict(model, options=StateDictOptions("
+    "full_state_dict=True, cpu_offload=True)) in the checkpoint, called on every worker (it gathers the "
+    "shards on rank 0)"
+)
+
+
+def _is_dtensor(tensor: Any) -> bool:
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    return dtensor is not None and isinstance(tensor, dtensor.DTensor)
+
+
 def _module_to_cpu(module: Any) -> Any:
     import copy
 
@@ -346,7 +363,7 @@ def _module_to_cpu(module: Any) -> Any:
 
     if isinstance(module, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
         module = module.module
-    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
 
     if isinstance(module, FullyShardedDataParallel):
         raise TypeError(
@@ -354,6 +371,8 @@ def _module_to_cpu(module: Any) -> Any:
             "model.state_dict() in the report or checkpoint instead, called on every worker "
             "(it gathers the shards)"
         )
+    if isinstance(module, FSDPModule):
+        raise TypeError(_SHARDED_STATE)
     on_device = any(t.device.type != "cpu" for t in list(module.parameters()) + list(module.buffers()))
     # Copy rather than move: the worker keeps training its model on its device.
     return copy.deepcopy(module).cpu() if on_device else module

@@ -58,7 +58,7 @@ def get_devices() -> List[torch.device]:
     return [torch.device("cpu")]
 
 
-PARALLEL_STRATEGIES = ("ddp", "fsdp", None)
+PARALLEL_STRATEGIES = ("ddp", "fsdp", "fsdp1", None)
 
 
 def prepare_model(
@@ -74,16 +74,29 @@ def prepare_model(
     wrap it for data-parallel training.
 
     :param parallel_strategy: ``"ddp"`` (``DistributedDataParallel``: every worker holds the
-        whole model), ``"fsdp"`` (``FullyShardedDataParallel``: parameters, gradients and
-        optimizer state sharded across the workers), or ``None`` (no wrapper), as in Ray Train.
-    :param parallel_strategy_kwargs: keyword arguments for the wrapper's constructor.
+        whole model), ``"fsdp"`` (FSDP2, ``torch.distributed.fsdp.fully_shard``: parameters,
+        gradients and optimizer state sharded across the workers; applied to each layer, then
+        to the whole model, see below), ``"fsdp1"`` (the older ``FullyShardedDataParallel``
+        wrapper, for code that depends on it), or ``None`` (no wrapper), as in Ray Train.
+    :param parallel_strategy_kwargs: keyword arguments for the wrapper's constructor, or for
+        every ``fully_shard`` call with ``"fsdp"`` (``mesh``, ``reshard_after_forward``,
+        ``mp_policy``, ``offload_policy``...).
+
+    With ``"fsdp"`` the layers are the items of the outermost ``nn.ModuleList`` /
+    ``nn.Sequential`` containers in the model (transformer blocks, the layers of an MLP), or,
+    when it has none, its direct children that hold parameters: each becomes one shard unit
+    (its parameters are gathered for its forward and backward only), then the whole model is.
+    The model stays the same object (its class becomes ``FSDP<Class>``), its parameters
+    become ``DTensor`` shards. Its state goes into a checkpoint whole with
+    ``get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))``
+    called on every worker (it gathers the shards on rank 0).
     :param wrap_ddp: Ray SGD's switch: ``False`` is ``parallel_strategy=None``.
     :param ddp_kwargs: Ray SGD's name for ``parallel_strategy_kwargs`` of DDP.
     :raises ValueError: an unknown ``parallel_strategy``.
     """
     if parallel_strategy not in PARALLEL_STRATEGIES:
         raise ValueError(
-            f"parallel_strategy={parallel_strategy!r} is not one of 'ddp', 'fsdp' or None"
+            f"parallel_strategy={parallel_strategy!r} is not one of 'ddp', 'fsdp', 'fsdp1' or None"
         )
     if not wrap_ddp:
         parallel_strategy = None
@@ -96,6 +109,8 @@ def prepare_model(
     if parallel_strategy is None or _world_size() <= 1:
         return model
     if parallel_strategy == "fsdp":
+        return _fully_shard(model, kwargs)
+    if parallel_strategy == "fsdp1":
         from torch.distributed.fsdp import FullyShardedDataParallel
 
         kwargs.setdefault("device_id", device)
@@ -106,6 +121,42 @@ def prepare_model(
         kwargs.setdefault("device_ids", [device.index])
         kwargs.setdefault("output_device", device.index)
     return DistributedDataParallel(model, **kwargs)
+
+
+def shard_units(model: torch.nn.Module) -> List[torch.nn.Module]:
+    """The submodules ``prepare_model(parallel_strategy="fsdp")`` shards one by one: the items
+    of the outermost ``nn.ModuleList`` / ``nn.Sequential`` containers that hold parameters,
+    else the model's direct children that do. Never nested in one another."""
+    containers = (torch.nn.ModuleList, torch.nn.Sequential)
+
+    def holds_parameters(module: torch.nn.Module) -> bool:
+        return any(True for _ in module.parameters())
+
+    units: List[torch.nn.Module] = []
+
+    def visit(module: torch.nn.Module) -> None:
+        for child in module.children():
+            if isinstance(child, containers):
+                units.extend(item for item in child if holds_parameters(item))
+            else:
+                visit(child)
+
+    if isinstance(model, containers):
+        units = [item for item in model if holds_parameters(item)]
+    else:
+        visit(model)
+    if not units:
+        units = [child for child in model.children() if holds_parameters(child)]
+    return units
+
+
+def _fully_shard(model: torch.nn.Module, kwargs: Dict[str, Any]) -> torch.nn.Module:
+    from torch.distributed.fsdp import fully_shard
+
+    for unit in shard_units(model):
+        fully_shard(unit, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
 
 
 def _autocast_forward(model: torch.nn.Module, device: torch.device) -> None:
