@@ -9,7 +9,11 @@ A user exception on a worker is re-raised with its own type, and its ``__cause__
 
 from __future__ import annotations
 
+import pickle
+from typing import Any, Dict, Optional, Tuple
+
 __all__ = [
+    "PicklableError",
     "ResourcesUnavailableError",
     "CheckpointError",
     "CheckpointIntegrityError",
@@ -20,7 +24,54 @@ __all__ = [
 ]
 
 
-class TrainingFailedError(RuntimeError):
+class PicklableError:
+    """Mixin: the exception pickles whole, whatever its ``__init__`` takes: its type, message
+    (``args``), attributes and ``__cause__``.
+
+    Plain pickling calls ``cls(*args)`` again, which fails for an ``__init__`` with more
+    parameters than it passes to ``Exception`` (``TypeError: __init__() missing 2 required
+    positional arguments``) and drops ``__cause__``. Ray, Ray Tune and every library that runs
+    a trainer in an actor move errors by pickling them; every exception class of sgd's packages
+    mixes this in (put it first: ``class MyError(PicklableError, RuntimeError)``). A cause that
+    does not pickle itself travels as a ``RuntimeError`` naming its type and message.
+    """
+
+    def __reduce__(self) -> Tuple[Any, ...]:
+        state: Dict[str, Any] = dict(getattr(self, "__dict__", {}))
+        exc: BaseException = self  # type: ignore[assignment]
+        if exc.__cause__ is not None:
+            state["__cause__"] = _portable(exc.__cause__)
+        if exc.__suppress_context__:
+            state["__suppress_context__"] = True
+        return (_rebuild, (type(self), exc.args), state)
+
+    def __setstate__(self, state: Optional[Dict[str, Any]], /) -> None:
+        state = dict(state or {})
+        exc: BaseException = self  # type: ignore[assignment]
+        exc.__cause__ = state.pop("__cause__", None)
+        exc.__suppress_context__ = state.pop("__suppress_context__", False)
+        self.__dict__.update(state)
+
+
+def _rebuild(cls: type, args: Tuple[Any, ...]) -> BaseException:
+    """An instance of ``cls`` with ``args``, made without calling an ``__init__`` of its own
+    (which may want other arguments than those it passed to ``Exception``)."""
+    if not any("__init__" in vars(k) for k in cls.__mro__ if k.__module__ != "builtins"):
+        return cls(*args)  # no __init__ of its own: args are what it takes
+    exc = cls.__new__(cls, *args)
+    BaseException.__init__(exc, *args)
+    return exc
+
+
+def _portable(cause: BaseException) -> BaseException:
+    try:
+        pickle.dumps(cause)
+        return cause
+    except Exception:
+        return RuntimeError(f"{type(cause).__module__}.{type(cause).__qualname__}: {cause}")
+
+
+class TrainingFailedError(PicklableError, RuntimeError):
     """Training could not finish: a worker died, or failures outlasted ``max_retries``."""
 
 
@@ -35,7 +86,7 @@ class WorkerDiedError(TrainingFailedError):
         self.world_rank = world_rank
 
 
-class WorkerError(RuntimeError):
+class WorkerError(PicklableError, RuntimeError):
     """The remote side of a user exception: rank, process and traceback.
 
     Attached as ``__cause__`` of the re-raised original exception, or raised
@@ -48,7 +99,7 @@ class WorkerError(RuntimeError):
         self.remote_traceback = remote_traceback
 
 
-class CheckpointError(ValueError):
+class CheckpointError(PicklableError, ValueError):
     """A checkpoint could not be loaded; the message names the checkpoint and what to do."""
 
 
@@ -63,7 +114,7 @@ class UntrustedCheckpointError(CheckpointError):
     did not opt in with ``trusted=True`` or ``SGD_TRUST_CHECKPOINTS=1``."""
 
 
-class ResourcesUnavailableError(RuntimeError, TimeoutError):
+class ResourcesUnavailableError(PicklableError, RuntimeError, TimeoutError):
     """The cluster could not place the workers in time.
 
     Also a :class:`TimeoutError`, which is what Horovod's ``RayExecutor`` and Ray Train 1.x

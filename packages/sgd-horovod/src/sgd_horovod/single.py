@@ -20,6 +20,8 @@ import contextlib
 import re
 from typing import Any, Iterator
 
+from sgd.errors import PicklableError
+
 #: ctypes functions of ``horovod.common.basics`` that need every rank.
 _COLLECTIVE_BASICS = {"horovod_init", "horovod_init_comm", "horovod_init_multi_comm",
                       "horovod_add_process_set", "horovod_remove_process_set"}
@@ -27,7 +29,7 @@ _COLLECTIVE_BASICS = {"horovod_init", "horovod_init_comm", "horovod_init_multi_c
 _HARMLESS_TORCH = {"horovod_torch_poll", "horovod_torch_wait_and_clear", "horovod_torch_reset"}
 
 
-class CollectiveInExecuteSingleError(Exception):
+class CollectiveInExecuteSingleError(PicklableError, Exception):
     """A Horovod collective was started inside ``RayExecutor.execute_single``, which runs
     on rank 0 alone: it would have waited forever for the other ranks.
 

@@ -38,6 +38,7 @@ from sgd._common.protocol import (
 )
 from sgd._common.run_hooks import run_error_hooks
 from sgd.checkpoint import METADATA_FILE, Checkpoint, write_dict_dir, write_directory_metadata, write_files
+from sgd.errors import PicklableError
 
 #: How many items a worker may buffer ahead of the driver before ``report`` blocks.
 DEFAULT_MAX_PENDING = int(os.environ.get("SGD_MAX_PENDING_RESULTS", "1024"))
@@ -103,7 +104,7 @@ class _Item:
         self.sync = sync or kind == CHECKPOINT
 
 
-class RunStopped(BaseException):
+class RunStopped(PicklableError, BaseException):
     """Raised in the training thread by its next ``sgd.report`` / ``sgd.save_checkpoint`` once
     the driver stopped the run (:meth:`sgd.TrainingIterator.stop`). A ``BaseException`` so
     that a training function's ``except Exception`` does not swallow it; the run ends cleanly."""

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from sgd.errors import WorkerError
+from sgd.errors import PicklableError, WorkerError
 from sgd.hookspecs import hookimpl
 from sgd.launcher.output import OutputChannel, OutputPrinter, OutputPump, start_sink, text_stream
 from sgd.launcher.ship import pack, unpack
@@ -36,16 +36,13 @@ from sgd.trainer import Trainer
 from sgd.utils import ensure_ray
 
 
-class ScriptExitError(RuntimeError):
+class ScriptExitError(PicklableError, RuntimeError):
     """The script ended with ``sys.exit(code)``, ``code`` not 0 or ``None``."""
 
     def __init__(self, code: int, world_rank: int):
         super().__init__(f"the script exited with status {code} on rank {world_rank}")
         self.code = code
         self.world_rank = world_rank
-
-    def __reduce__(self) -> Any:
-        return (ScriptExitError, (self.code, self.world_rank))
 
 
 # --- worker side: running the script ------------------------------------------------------
@@ -226,7 +223,7 @@ class _LaunchPlugin:
 # --- driver side: the launch --------------------------------------------------------------
 
 
-class LaunchError(ValueError):
+class LaunchError(PicklableError, ValueError):
     """Bad input to ``sgd run`` (found before anything starts)."""
 
 
