@@ -14,7 +14,7 @@ import warnings
 from typing import Any, Dict, Optional
 
 from sgd._worker.session import STATE, PreemptionInfo, Session, WorkerContext
-from sgd.checkpoint import Checkpoint
+from sgd.checkpoint import SHARDED_KEY, Checkpoint, is_sharded
 
 __all__ = [
     "report",
@@ -108,8 +108,18 @@ def save_checkpoint(**state: Any) -> None:
 
 
 def load_checkpoint() -> Optional[Dict[str, Any]]:
-    """The latest ``save_checkpoint`` state of this run, else the checkpoint passed to ``run``, else ``None``."""
-    return _session("load_checkpoint").loaded_checkpoint
+    """The latest ``save_checkpoint`` state of this run, else the checkpoint passed to ``run``, else ``None``.
+
+    :raises ValueError: the run started from a sharded checkpoint (each worker holds a part):
+        ``sgd_torch.load_sharded_checkpoint`` loads those.
+    """
+    state = _session("load_checkpoint").loaded_checkpoint
+    if is_sharded(state):
+        raise ValueError(
+            f"this run starts from a sharded checkpoint ({state[SHARDED_KEY]}), which every worker loads its part "
+            "of: call sgd_torch.load_sharded_checkpoint({'model': model, 'opt': optimizer}) on every worker "
+            "instead of sgd.load_checkpoint()")
+    return state
 
 
 def get_dataset_shard(name: Optional[str] = None) -> Any:
@@ -165,9 +175,12 @@ def get_session() -> Optional[Session]:
     For plugin authors (framework helpers such as ``sgd_torch.prepare_model`` that need
     per-run state); training code uses the functions above. A new session is made for
     every run, so ``get_session() is s`` tells whether run ``s`` is still the current one.
-    Stable attributes: ``context`` (what :func:`get_context` returns) and
+    Stable attributes: ``context`` (what :func:`get_context` returns),
     ``dataset_shard`` (this worker's shard of the ``dataset`` passed to the run, a dict
-    for several datasets, or ``None``).
+    for several datasets, or ``None``), ``loaded_checkpoint`` (what ``sgd.load_checkpoint()``
+    returns), ``checkpoint_dir`` (the run's checkpoint folder) and
+    ``commit_written_checkpoint(directory, score_values)`` (a checkpoint the workers wrote
+    themselves, committed by the driver).
     """
     return STATE.session
 

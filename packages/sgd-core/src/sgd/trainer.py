@@ -15,6 +15,7 @@ from sgd._internal.run_dir import RunDirectory
 from sgd.backend import BackendConfig
 from sgd.callbacks import TrainingCallback
 from sgd.checkpoint import Checkpoint, CheckpointStrategy
+from sgd.checkpoint.format import SHARDED_KEY, is_sharded
 from sgd.checkpoint.manager import CheckpointManager
 from sgd.checkpoint.storage import is_uri, storage_for
 from sgd.data import DatasetConfig
@@ -182,8 +183,13 @@ class Trainer:
 
     @property
     def latest_checkpoint(self) -> Optional[dict]:
-        """Rank 0's state from the latest ``sgd.save_checkpoint`` of the latest run."""
-        return self._manager.latest() if self._manager else None
+        """Rank 0's state from the latest ``sgd.save_checkpoint`` of the latest run; for a
+        sharded checkpoint (``sgd_torch.save_sharded_checkpoint``), the metadata saved with it."""
+        state = self._manager.latest() if self._manager else None
+        if is_sharded(state):
+            assert state is not None
+            return {k: v for k, v in state.items() if k != SHARDED_KEY}
+        return state
 
     @property
     def best_checkpoint_path(self) -> Optional[Path]:

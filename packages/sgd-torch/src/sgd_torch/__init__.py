@@ -20,17 +20,23 @@ _LAZY = {
     "prepare_optimizer",
 }
 
+#: Sharded checkpoints (torch.distributed.checkpoint), in sgd_torch.sharded.
+_LAZY_SHARDED = {"load_sharded_checkpoint", "save_sharded_checkpoint"}
+
 __version__ = "0.1.0"
-__all__ = ["TorchBackend", "TorchConfig", "TorchTrainer", "TorchWorkerProfiler", *sorted(_LAZY)]
+__all__ = ["TorchBackend", "TorchConfig", "TorchTrainer", "TorchWorkerProfiler", *sorted(_LAZY | _LAZY_SHARDED)]
 
 
 def __getattr__(name: str) -> Any:
     # The helpers need torch; importing them lazily keeps `import sgd_torch`
     # (done by plugin discovery in every process) free of a torch import.
-    if name in _LAZY:
+    if name in _LAZY or name in _LAZY_SHARDED:
         try:
-            from sgd_torch import train_loop_utils
+            if name in _LAZY:
+                from sgd_torch import train_loop_utils as module
+            else:
+                from sgd_torch import sharded as module
         except ImportError as exc:  # pragma: no cover - depends on the environment
             raise ImportError(f"sgd_torch.{name} needs PyTorch: pip install torch ({exc})") from exc
-        return getattr(train_loop_utils, name)
+        return getattr(module, name)
     raise AttributeError(f"module 'sgd_torch' has no attribute {name!r}")

@@ -349,6 +349,39 @@ class Session:
         self.loaded_checkpoint = state
         self.latest_checkpoint_object = None
 
+    def commit_written_checkpoint(self, directory: Optional[str], score_values: Optional[Dict[str, Any]] = None
+                                  ) -> None:
+        """Hand the driver a checkpoint the workers wrote themselves, in place, and wait until
+        it is committed (for framework helpers such as ``sgd_torch.save_sharded_checkpoint``).
+
+        Every rank calls it, as ``sgd.save_checkpoint``: rank 0 with ``directory`` (a
+        ``.tmp_*`` folder inside :attr:`checkpoint_dir` that every rank has finished writing,
+        holding sgd's metadata file), the others with ``None``. The driver numbers it, renames
+        it into place atomically and applies the retention policy; until then it is not the
+        latest checkpoint, and a failure leaves the previous one as latest.
+
+        :param score_values: what the checkpoint strategy scores it by, if it holds that attribute.
+        """
+        data = None
+        if self.context.world_rank == 0:
+            if directory is None:
+                raise ValueError("rank 0 must pass the directory it wrote the checkpoint into")
+            data = DirectCheckpoint(directory, dict(score_values or {}))
+        item = _Item(CHECKPOINT, data)
+        self._put(item)
+        with self._cv:
+            while not item.acked:
+                self._wait()
+        self.latest_checkpoint_object = None
+
+    @property
+    def checkpoint_dir(self) -> Optional[str]:
+        """The run's checkpoint folder (``run_dir/checkpoints``) as the driver sees it, or
+        ``None`` when the run has no directory. A worker on another host reaches it only
+        when the hosts share that filesystem."""
+        run_dir = self.context.get_trial_dir()
+        return os.path.join(run_dir, "checkpoints") if run_dir else None
+
     def get_checkpoint(self) -> Any:
         """The latest checkpoint as an ``sgd.Checkpoint`` (see ``sgd.get_checkpoint``)."""
 

@@ -31,9 +31,12 @@ logger = logging.getLogger("sgd")
 
 METADATA_FILE = integrity.METADATA_FILE
 DEFAULT_CODEC = "sgd"
+#: The key of the dict a sharded checkpoint loads as (``Checkpoint.to_dict()``,
+#: ``sgd.load_checkpoint()``): its directory. The rest of the dict is its metadata.
+SHARDED_KEY = "_sharded_checkpoint"
 
 __all__ = ["Checkpoint", "CheckpointStrategy", "CheckpointError", "CheckpointIntegrityError",
-           "UntrustedCheckpointError", "TRUST_ENV"]
+           "UntrustedCheckpointError", "TRUST_ENV", "SHARDED_KEY"]
 
 
 @dataclass
@@ -253,6 +256,20 @@ def write_directory_metadata(directory: Path, extra_meta: Optional[Dict[str, Any
                                 **(extra_meta or {})})
 
 
+def write_sharded_metadata(directory: Path, files: Dict[str, Dict[str, Any]], metadata: Dict[str, Any],
+                           writer: str) -> None:
+    """Mark ``directory`` as a sharded checkpoint: every worker wrote its own shard into it
+    (``writer`` names the format, e.g. ``"torch.distributed.checkpoint"``). ``files`` holds
+    the digest of every file (each worker hashes its own), so the driver reads none of them;
+    ``metadata`` (JSON values) is what the checkpoint loads as."""
+    _write_metadata(directory, {"format": "sharded", "writer": writer, "metadata": metadata, "files": files})
+
+
+def is_sharded(state: Optional[Dict[str, Any]]) -> bool:
+    """Whether ``state`` is what a sharded checkpoint loads as (its directory and metadata)."""
+    return isinstance(state, dict) and isinstance(state.get(SHARDED_KEY), str)
+
+
 def write_files(files: Dict[str, bytes], directory: Path, overwrite: bool = True) -> None:
     """Write ``{relative_path: bytes}`` under ``directory`` (fsynced)."""
     for rel, content in files.items():
@@ -293,6 +310,12 @@ def _read_dict(directory: Path, trusted: bool, where: str) -> Dict[str, Any]:
         if not isinstance(state, dict):
             raise CheckpointIntegrityError(f"checkpoint {where}: its state is a {type(state).__name__}, not a dict")
         return state
+    if meta.get("format") == "sharded":
+        # Every shard stays where it is: the workers read their parts (sgd_torch.load_sharded_checkpoint).
+        metadata = meta.get("metadata")
+        if not isinstance(metadata, dict) or not isinstance(meta.get("files"), dict) or not meta["files"]:
+            raise CheckpointIntegrityError(f"checkpoint {where}: its sharded metadata is malformed")
+        return {**metadata, SHARDED_KEY: where if is_uri(where) else str(directory.resolve())}
     files = {}
     for name in integrity.checkpoint_files(directory):
         files[name] = integrity.confined(directory, name, where).read_bytes()

@@ -111,12 +111,26 @@ class CheckpointManager:
             return self.strategy.score({attr: time.time() if attr == "_timestamp" else iteration})
         return self.strategy.score(state)
 
-    def register_written(self, tmp: Path, score_values: Dict[str, Any], iteration: int) -> Path:
-        """Take a checkpoint that rank 0 wrote itself into ``tmp`` (a temporary folder in
-        :attr:`checkpoint_dir`): give it its number and metadata, rename it into place."""
+    def register_written(self, tmp: Path, score_values: Dict[str, Any], iteration: int) -> Optional[Path]:
+        """Take a checkpoint that the workers wrote themselves into ``tmp`` (a temporary folder
+        in :attr:`checkpoint_dir`: rank 0's whole state, or every rank's shard): give it its
+        number and metadata, rename it into place. Only then is it the latest.
+
+        :raises FileNotFoundError: ``tmp`` is not on this driver's disk (workers on hosts with
+            disks of their own wrote it there); earlier checkpoints stay the latest.
+        """
+        if not tmp.is_dir() or tmp.parent.resolve() != self.checkpoint_dir.resolve():
+            raise FileNotFoundError(
+                f"the workers wrote a checkpoint to {tmp}, which is not a folder of {self.checkpoint_dir} on the "
+                "driver's disk: their hosts have disks of their own. Checkpoints the workers write themselves "
+                "(sharded ones) need a folder the driver and every worker share, such as the run directory on a "
+                "shared filesystem (Trainer(logdir=...)).")
         self.latest_id += 1
         self.latest_state = None  # loaded from disk if asked for
         self.latest_iteration = iteration
+        if self.strategy.num_to_keep == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            return None
         return self._persist(None, score_values, iteration, written=tmp)
 
     def register_reported(self, payloads: List[Any], metrics: Dict[str, Any], iteration: int,

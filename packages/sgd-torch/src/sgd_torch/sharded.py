@@ -1,0 +1,295 @@
+"""Sharded checkpoints: every worker writes its own part of the state with
+``torch.distributed.checkpoint`` (DCP), straight into the run's checkpoint folder; the driver
+never holds the weights.
+
+``save_sharded_checkpoint({"model": model, "opt": opt}, step=3)`` on every rank: each writes
+its shard into a temporary folder and hashes it, rank 0 adds sgd's metadata (the digests of
+every file and ``step=3``), and the driver renames the folder into place, numbered, as the
+latest checkpoint, and applies the retention policy. A failure before that leaves the previous
+checkpoint as the latest. ``load_sharded_checkpoint({"model": model, "opt": opt})`` loads the
+checkpoint the run started from (``run(..., checkpoint=path)``, ``fit(resume_from_checkpoint=...)``
+or the one restored after a failure) into the objects, in place, whatever the number of workers
+and however the model is sharded now, and returns its metadata.
+
+Nothing read from a checkpoint runs code: DCP's ``.metadata`` file is a pickle, read here with
+an unpickler that builds only DCP's own metadata classes; values stored as bytes (an optimizer's
+``lr``...) are read with ``torch.load(weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint._traverse import set_element  # what DCP's own planner uses
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from sgd.checkpoint import SHARDED_KEY, UntrustedCheckpointError, is_sharded, write_sharded_metadata
+from sgd.checkpoint.integrity import file_digest
+from sgd.session import get_session
+
+#: What a sharded checkpoint's metadata names as the writer of its files.
+WRITER = "torch.distributed.checkpoint"
+_DCP_METADATA = ".metadata"
+
+
+def save_sharded_checkpoint(state: Dict[str, Any], *, blocking: bool = True, **metadata: Any) -> None:
+    """Save ``state`` as a sharded checkpoint; call it on every worker, as ``sgd.save_checkpoint``.
+
+    :param state: models (``nn.Module``, FSDP2 / DDP / plain), optimizers (with their model
+        in the same dict) and tensors, by name: ``{"model": model, "opt": optimizer}``.
+    :param blocking: ``True``: returns once the checkpoint is committed.
+    :param metadata: JSON values saved with it (``step=3``): what ``trainer.latest_checkpoint``
+        and :func:`load_sharded_checkpoint` return; the checkpoint strategy scores by them.
+    :raises TypeError: a value of ``state`` is neither a model, an optimizer nor a tensor, or the
+        metadata is not JSON.
+    """
+    session = _session("save_sharded_checkpoint")
+    if not blocking:
+        raise NotImplementedError("save_sharded_checkpoint(blocking=False) is not available yet; "
+                                  "leave blocking at True (the call returns once the checkpoint is committed)")
+    try:
+        metadata = json.loads(json.dumps(metadata, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"the metadata of a sharded checkpoint must be JSON values (numbers, strings, lists, "
+                        f"dicts): {exc}; put tensors in the state instead") from None
+    folder = session.checkpoint_dir
+    if folder is None:
+        raise RuntimeError("this run has no run directory to write a sharded checkpoint into")
+    count = getattr(session, "_sgd_torch_sharded_saves", 0)
+    # Every rank calls this the same number of times, so the count names the same folder on all.
+    tmp = os.path.join(folder, f".tmp_sharded_{count:06d}")
+    rank = session.context.world_rank
+    os.makedirs(tmp, exist_ok=True)
+    dcp.save(_dcp_state(state), checkpoint_id=tmp)
+    # Each rank hashes the files it wrote (in parallel, and the driver reads none of them).
+    digests = {name: file_digest(Path(tmp, name)) for name in _own_files(tmp, rank)}
+    every = _gather_to_rank0(digests)
+    if rank == 0:
+        files: Dict[str, Any] = {}
+        for part in every:
+            files.update(part)
+        files[_DCP_METADATA] = file_digest(Path(tmp, _DCP_METADATA))
+        expected = _data_files(tmp)
+        missing = sorted(expected - set(files))
+        if missing:
+            raise FileNotFoundError(
+                f"sharded checkpoint {tmp}: the shards {missing} were written by workers that do not share this "
+                "folder with rank 0 (their hosts have disks of their own). Sharded checkpoints need the run "
+                "directory on a filesystem the driver and every worker share (Trainer(logdir=...)).")
+        write_sharded_metadata(Path(tmp), files, metadata, WRITER)
+    session.commit_written_checkpoint(tmp if rank == 0 else None, score_values=metadata)
+    session._sgd_torch_sharded_saves = count + 1  # type: ignore[attr-defined]
+
+
+def load_sharded_checkpoint(state: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """Load the checkpoint this run started from into ``state``'s objects, in place; call it
+    on every worker. Saved by 2 FSDP workers, it loads into 1 worker without FSDP, or 3.
+
+    :param state: the same names as when it was saved: ``{"model": model, "opt": optimizer}``.
+    :returns: its metadata, or ``None`` when the run started from no checkpoint.
+    :raises ValueError: the checkpoint is a whole-state one (load it with ``sgd.load_checkpoint``),
+        a key is missing from it, or a tensor's shape differs (the message names the key and both shapes).
+    """
+    session = _session("load_sharded_checkpoint")
+    loaded = session.loaded_checkpoint
+    if loaded is None:
+        return None
+    if not is_sharded(loaded):
+        raise ValueError("the checkpoint this run started from is a whole-state checkpoint (sgd.save_checkpoint, "
+                         "or a dict or directory passed to run()): load it with sgd.load_checkpoint(), not "
+                         "sgd_torch.load_sharded_checkpoint()")
+    path = loaded[SHARDED_KEY]
+    reader = SafeFileSystemReader(path)
+    saved = reader.read_metadata()
+    target = _dcp_state(state)
+    _check_against(target, saved.state_dict_metadata, path)
+    dcp.load(target, storage_reader=reader, planner=SafeLoadPlanner())
+    _apply(state, target)
+    return {k: v for k, v in loaded.items() if k != SHARDED_KEY}
+
+
+# --- the state and DCP ----------------------------------------------------------------------
+
+
+def _dcp_state(state: Dict[str, Any]) -> Dict[str, Any]:
+    if not isinstance(state, dict) or not state:
+        raise TypeError(f"the state must be a non-empty dict of models, optimizers and tensors, got {state!r}")
+    modules = [v for v in state.values() if isinstance(v, torch.nn.Module)]
+    out: Dict[str, Any] = {}
+    for key, value in state.items():
+        if isinstance(value, torch.nn.Module):
+            out[key] = get_model_state_dict(value)
+        elif isinstance(value, torch.optim.Optimizer):
+            out[key] = get_optimizer_state_dict(_model_of(value, modules, key), value)
+        elif isinstance(value, torch.Tensor):
+            out[key] = value
+        else:
+            raise TypeError(
+                f"state[{key!r}] is a {type(value).__name__}: a sharded checkpoint holds models, optimizers and "
+                "tensors; pass plain values as metadata (save_sharded_checkpoint(state, step=3))")
+    return out
+
+
+def _model_of(optimizer: torch.optim.Optimizer, modules: List[torch.nn.Module], key: str) -> torch.nn.Module:
+    wanted = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    for module in modules:
+        if wanted <= {id(p) for p in module.parameters()}:
+            return module
+    raise TypeError(f"state[{key!r}] is an optimizer whose model is not in the same dict; pass both: "
+                    f"{{'model': model, {key!r}: optimizer}}")
+
+
+def _apply(state: Dict[str, Any], loaded: Dict[str, Any]) -> None:
+    modules = [v for v in state.values() if isinstance(v, torch.nn.Module)]
+    for key, value in state.items():
+        if isinstance(value, torch.nn.Module):
+            set_model_state_dict(value, loaded[key])
+        elif isinstance(value, torch.optim.Optimizer):
+            set_optimizer_state_dict(_model_of(value, modules, key), value, loaded[key])
+        # tensors were loaded in place by dcp.load
+
+
+def _check_against(target: Dict[str, Any], saved: Dict[str, Any], where: str) -> None:
+    """Every tensor of the models (and plain tensors) is in the checkpoint, with its shape."""
+    for key, value in target.items():
+        items = value.items() if isinstance(value, dict) and not _is_optimizer_state(value) else []
+        pairs = [(f"{key}.{name}", t) for name, t in items] if items else [(key, value)]
+        for fqn, tensor in pairs:
+            if not isinstance(tensor, torch.Tensor):
+                continue
+            entry = saved.get(fqn)
+            if entry is None:
+                raise ValueError(f"sharded checkpoint {where} has no {fqn!r} (the model has it, with shape "
+                                 f"{tuple(tensor.shape)}); its keys start with: {sorted(saved)[:8]}")
+            size = getattr(entry, "size", None)
+            if size is not None and tuple(size) != tuple(tensor.shape):
+                raise ValueError(f"sharded checkpoint {where}: {fqn!r} has shape {tuple(size)} in the checkpoint "
+                                 f"and {tuple(tensor.shape)} in the model")
+
+
+def _is_optimizer_state(value: Dict[str, Any]) -> bool:
+    return set(value) == {"state", "param_groups"}
+
+
+def _own_files(folder: str, rank: int) -> List[str]:
+    return sorted(f for f in os.listdir(folder) if f.startswith(f"__{rank}_") and f.endswith(".distcp"))
+
+
+def _data_files(folder: str) -> set:
+    """The shard files DCP's metadata says the checkpoint has."""
+    saved = SafeFileSystemReader(folder).read_metadata()
+    return {info.relative_path for info in (saved.storage_data or {}).values()}
+
+
+def _gather_to_rank0(value: Any) -> List[Any]:
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [value]
+    out: List[Any] = [None] * dist.get_world_size() if dist.get_rank() == 0 else []
+    dist.gather_object(value, out if dist.get_rank() == 0 else None, dst=0)
+    return out
+
+
+def _session(what: str) -> Any:
+    session = get_session()
+    if session is None:
+        raise RuntimeError(f"sgd_torch.{what} is called inside a training function (on every worker)")
+    return session
+
+
+# --- reading untrusted files --------------------------------------------------------------
+
+
+def _allowed(module: str, name: str) -> Any:
+    """The objects a DCP ``.metadata`` pickle may name: DCP's metadata classes, ``torch.Size``,
+    dtypes, layouts, memory formats and paths. Nothing that runs code when called."""
+    import pathlib
+
+    import torch.distributed.checkpoint.filesystem as dcp_fs
+    import torch.distributed.checkpoint.metadata as dcp_meta
+
+    if module == "torch.distributed.checkpoint.metadata" and not name.startswith("__"):
+        obj = getattr(dcp_meta, name, None)
+        if isinstance(obj, type):
+            return obj
+    if module == "torch.distributed.checkpoint.filesystem" and name == "_StorageInfo":
+        return dcp_fs._StorageInfo
+    if module == "torch" and name == "Size":
+        return torch.Size
+    if module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout, torch.memory_format)):
+        return getattr(torch, name)
+    if module == "torch.serialization" and name == "_get_layout":
+        return _layout_by_name
+    if module == "pathlib" and name in ("PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"):
+        return getattr(pathlib, name)
+    if module == "collections" and name == "OrderedDict":
+        import collections
+
+        return collections.OrderedDict
+    return None
+
+
+def _layout_by_name(name: str) -> Any:
+    layout = getattr(torch, str(name).replace("torch.", ""), None)
+    if not isinstance(layout, torch.layout):
+        raise UntrustedCheckpointError(f"unknown tensor layout {name!r} in a sharded checkpoint's metadata")
+    return layout
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def __init__(self, file: Any, where: str):
+        super().__init__(file)
+        self._where = where
+
+    def find_class(self, module: str, name: str) -> Any:
+        obj = _allowed(module, name)
+        if obj is None:
+            raise UntrustedCheckpointError(
+                f"sharded checkpoint {self._where}: its {_DCP_METADATA} names {module}.{name}, which is not part of "
+                "torch.distributed.checkpoint's metadata; it was altered or not written by sgd, and is not loaded")
+        return obj
+
+
+class SafeFileSystemReader(FileSystemReader):
+    """DCP's file reader, reading the ``.metadata`` pickle with an unpickler that builds only
+    DCP's metadata classes (``torch.distributed.checkpoint.FileSystemReader`` unpickles anything)."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        if kwargs.get("rank") is not None:
+            raise UntrustedCheckpointError("per-rank DCP metadata files are not read by sgd")
+        where = str(self.path)
+        with open(os.path.join(where, _DCP_METADATA), "rb") as f:
+            metadata = _MetadataUnpickler(io.BytesIO(f.read()), where).load()
+        if not isinstance(metadata, Metadata):
+            raise UntrustedCheckpointError(f"sharded checkpoint {where}: {_DCP_METADATA} does not hold DCP metadata")
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = getattr(self, "load_id", None)
+        return metadata
+
+
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """DCP's load planner, reading values stored as bytes with ``torch.load(weights_only=True)``
+    (plain values and tensors only; DCP's own planner unpickles anything)."""
+
+    def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+        loaded = torch.load(value, weights_only=True)
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = loaded
