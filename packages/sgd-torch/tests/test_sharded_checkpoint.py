@@ -34,6 +34,8 @@ def _train(config):
 
     from sgd_torch import load_sharded_checkpoint, prepare_model, save_sharded_checkpoint
 
+    if config.get("die_while_writing"):
+        _die_while_writing(config["die_while_writing"], config["marker"])
     model = prepare_model(_mlp(), parallel_strategy=config.get("strategy", "fsdp"))
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     loaded = load_sharded_checkpoint({"model": model, "opt": opt})
@@ -50,9 +52,26 @@ def _train(config):
         loss.backward()
         opt.step()
         sgd.report(step=step, loss=loss.item())
-        save_sharded_checkpoint({"model": model, "opt": opt}, step=step, loss=round(loss.item(), 6))
+        save_sharded_checkpoint({"model": model, "opt": opt}, blocking=config.get("blocking", True),
+                                step=step, loss=round(loss.item(), 6))
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     return {"start": start, "metadata": loaded, "full": full if rank == 0 else None}
+
+
+def _die_while_writing(step, marker):
+    """Rank 1 dies inside the background part of the asynchronous save of ``step`` (its shard
+    written, not yet hashed or committed), once: the forced case of a worker lost mid-write."""
+    import sgd_torch.sharded as sharded
+
+    finish = sharded._finish
+
+    def dying(tmp, rank, metadata, group):
+        if rank == 1 and metadata["step"] == step and not os.path.exists(marker):
+            Path(marker).touch()
+            os._exit(1)
+        return finish(tmp, rank, metadata, group)
+
+    sharded._finish = dying
 
 
 def _load_only(config):
@@ -202,3 +221,38 @@ def test_a_crafted_dcp_metadata_file_runs_no_code(saved, tmp_path):
     assert not pwned.exists()
     # The genuine file reads.
     assert SafeFileSystemReader(str(run_dir / "checkpoints" / "checkpoint_000003")).read_metadata().state_dict_metadata
+
+
+def test_asynchronous_saves_commit_every_checkpoint_in_order(saved, ray_cluster, tmp_path):
+    """blocking=False: the same training, every checkpoint committed by the end of the run,
+    each as it would be written blocking."""
+    _, _, expected = saved
+    trainer = sgd.Trainer(backend="torch", num_workers=2, logdir=tmp_path / "runs")
+    trainer.start()
+    try:
+        out = trainer.run(_train, config={"steps": 3, "blocking": False})
+        folder = trainer.latest_run_dir / "checkpoints"
+        assert sorted(p.name for p in folder.iterdir()) == [f"checkpoint_00000{i}" for i in (1, 2, 3)]
+        assert trainer.latest_checkpoint["step"] == 3
+        assert _same(out[0]["full"], expected)
+        again = trainer.run(_load_only, config={"strategy": "fsdp"}, checkpoint=folder / "checkpoint_000003")
+        assert again[0]["metadata"]["step"] == 3 and _same(again[0]["full"], expected)
+    finally:
+        trainer.shutdown()
+
+
+def test_a_worker_lost_mid_write_leaves_the_previous_checkpoint_as_latest(saved, ray_cluster, tmp_path):
+    _, _, expected = saved
+    trainer = sgd.Trainer(backend="torch", num_workers=2, max_retries=1, logdir=tmp_path / "runs")
+    trainer.start()
+    try:
+        out = trainer.run(_train, config={"steps": 3, "blocking": False, "die_while_writing": 2,
+                                          "marker": str(tmp_path / "died")})
+    finally:
+        trainer.shutdown()
+    assert (tmp_path / "died").exists()
+    assert out[0]["start"] == 1  # step 2's checkpoint was never committed: resumed from step 1
+    assert _same(out[0]["full"], expected)
+    folder = trainer.latest_run_dir / "checkpoints"
+    assert not list(folder.glob(".tmp_*"))
+    assert trainer.latest_checkpoint["step"] == 3

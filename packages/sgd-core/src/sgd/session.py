@@ -114,7 +114,7 @@ def load_checkpoint() -> Optional[Dict[str, Any]]:
         ``sgd_torch.load_sharded_checkpoint`` loads those.
     """
     state = _session("load_checkpoint").loaded_checkpoint
-    if is_sharded(state):
+    if state is not None and is_sharded(state):
         raise ValueError(
             f"this run starts from a sharded checkpoint ({state[SHARDED_KEY]}), which every worker loads its part "
             "of: call sgd_torch.load_sharded_checkpoint({'model': model, 'opt': optimizer}) on every worker "

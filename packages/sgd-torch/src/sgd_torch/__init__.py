@@ -31,11 +31,10 @@ def __getattr__(name: str) -> Any:
     # The helpers need torch; importing them lazily keeps `import sgd_torch`
     # (done by plugin discovery in every process) free of a torch import.
     if name in _LAZY or name in _LAZY_SHARDED:
+        import importlib
+
         try:
-            if name in _LAZY:
-                from sgd_torch import train_loop_utils as module
-            else:
-                from sgd_torch import sharded as module
+            module = importlib.import_module("sgd_torch.train_loop_utils" if name in _LAZY else "sgd_torch.sharded")
         except ImportError as exc:  # pragma: no cover - depends on the environment
             raise ImportError(f"sgd_torch.{name} needs PyTorch: pip install torch ({exc})") from exc
         return getattr(module, name)

@@ -22,6 +22,7 @@ import io
 import json
 import os
 import pickle
+import threading
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -53,16 +54,17 @@ def save_sharded_checkpoint(state: Dict[str, Any], *, blocking: bool = True, **m
 
     :param state: models (``nn.Module``, FSDP2 / DDP / plain), optimizers (with their model
         in the same dict) and tensors, by name: ``{"model": model, "opt": optimizer}``.
-    :param blocking: ``True``: returns once the checkpoint is committed.
+    :param blocking: ``True``: returns once the checkpoint is committed. ``False``: returns
+        once the state is staged (copied); the shards are written in the background, over a
+        process group of their own, while training goes on, and the driver commits the
+        checkpoint when every shard is written. The next save waits for the previous one, and
+        the run does not end before the last one is committed.
     :param metadata: JSON values saved with it (``step=3``): what ``trainer.latest_checkpoint``
         and :func:`load_sharded_checkpoint` return; the checkpoint strategy scores by them.
     :raises TypeError: a value of ``state`` is neither a model, an optimizer nor a tensor, or the
         metadata is not JSON.
     """
     session = _session("save_sharded_checkpoint")
-    if not blocking:
-        raise NotImplementedError("save_sharded_checkpoint(blocking=False) is not available yet; "
-                                  "leave blocking at True (the call returns once the checkpoint is committed)")
     try:
         metadata = json.loads(json.dumps(metadata, allow_nan=False))
     except (TypeError, ValueError) as exc:
@@ -71,30 +73,86 @@ def save_sharded_checkpoint(state: Dict[str, Any], *, blocking: bool = True, **m
     folder = session.checkpoint_dir
     if folder is None:
         raise RuntimeError("this run has no run directory to write a sharded checkpoint into")
+    _wait_for_previous(session)
     count = getattr(session, "_sgd_torch_sharded_saves", 0)
+    session._sgd_torch_sharded_saves = count + 1
     # Every rank calls this the same number of times, so the count names the same folder on all.
     tmp = os.path.join(folder, f".tmp_sharded_{count:06d}")
     rank = session.context.world_rank
     os.makedirs(tmp, exist_ok=True)
-    dcp.save(_dcp_state(state), checkpoint_id=tmp)
-    # Each rank hashes the files it wrote (in parallel, and the driver reads none of them).
+    if blocking:
+        dcp.save(_dcp_state(state), checkpoint_id=tmp)
+        _finish(tmp, rank, metadata, None)
+        session.commit_written_checkpoint(tmp if rank == 0 else None, score_values=metadata)
+        return
+    group = _checkpoint_group()
+    response = dcp.async_save(_dcp_state(state), checkpoint_id=tmp, process_group=group)
+    # A Future, or (other stager settings) a response whose upload_completion is one.
+    written: Any = getattr(response, "upload_completion", response)
+    # Announced now, at the same place in every worker's stream of reports; committed later.
+    session.commit_written_checkpoint(tmp if rank == 0 else None, score_values=metadata, wait=False)
+    box: Dict[str, Any] = {}
+
+    def finish_in_background() -> None:
+        try:
+            written.result()
+            _finish(tmp, rank, metadata, group)
+        except BaseException as exc:  # raised in the training thread by the next save or at the end
+            box["error"] = exc
+
+    thread = threading.Thread(target=finish_in_background, name="sgd-sharded-save", daemon=True)
+    thread.start()
+    if not hasattr(session, "_sgd_torch_pending_save"):
+        session.add_finalizer(lambda: _wait_for_previous(session))
+    session._sgd_torch_pending_save = (thread, box)
+
+
+def _finish(tmp: str, rank: int, metadata: Dict[str, Any], group: Any) -> None:
+    """Every rank hashes the files it wrote (in parallel: the driver reads none of them);
+    rank 0 checks that every shard is there and writes sgd's metadata, last."""
     digests = {name: file_digest(Path(tmp, name)) for name in _own_files(tmp, rank)}
-    every = _gather_to_rank0(digests)
-    if rank == 0:
-        files: Dict[str, Any] = {}
-        for part in every:
-            files.update(part)
-        files[_DCP_METADATA] = file_digest(Path(tmp, _DCP_METADATA))
-        expected = _data_files(tmp)
-        missing = sorted(expected - set(files))
-        if missing:
-            raise FileNotFoundError(
-                f"sharded checkpoint {tmp}: the shards {missing} were written by workers that do not share this "
-                "folder with rank 0 (their hosts have disks of their own). Sharded checkpoints need the run "
-                "directory on a filesystem the driver and every worker share (Trainer(logdir=...)).")
-        write_sharded_metadata(Path(tmp), files, metadata, WRITER)
-    session.commit_written_checkpoint(tmp if rank == 0 else None, score_values=metadata)
-    session._sgd_torch_sharded_saves = count + 1  # type: ignore[attr-defined]
+    every = _gather_to_rank0(digests, group)
+    if rank != 0:
+        return
+    files: Dict[str, Any] = {}
+    for part in every:
+        files.update(part)
+    files[_DCP_METADATA] = file_digest(Path(tmp, _DCP_METADATA))
+    missing = sorted(_data_files(tmp) - set(files))
+    if missing:
+        raise FileNotFoundError(
+            f"sharded checkpoint {tmp}: the shards {missing} were written by workers that do not share this "
+            "folder with rank 0 (their hosts have disks of their own). Sharded checkpoints need the run "
+            "directory on a filesystem the driver and every worker share (Trainer(logdir=...)).")
+    write_sharded_metadata(Path(tmp), files, metadata, WRITER)
+
+
+def _wait_for_previous(session: Any) -> None:
+    """Wait for this run's asynchronous save in flight, if any; raise what it raised."""
+    pending = getattr(session, "_sgd_torch_pending_save", None)
+    if pending is None:
+        return
+    thread, box = pending
+    thread.join()
+    session._sgd_torch_pending_save = None
+    if "error" in box:
+        raise box["error"]
+
+
+#: The gloo process group asynchronous saves run their collectives on, per default group:
+#: a background thread must not use the group training's collectives run on.
+_GROUPS: Dict[int, Any] = {}
+
+
+def _checkpoint_group() -> Any:
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return None
+    world = dist.group.WORLD
+    key = id(world)
+    if key not in _GROUPS:
+        _GROUPS.clear()  # a process group of an earlier run (destroyed since)
+        _GROUPS[key] = dist.new_group(backend="gloo")  # collective: every rank is at this save
+    return _GROUPS[key]
 
 
 def load_sharded_checkpoint(state: Dict[str, Any]) -> Optional[Dict[str, Any]]:
@@ -197,11 +255,11 @@ def _data_files(folder: str) -> set:
     return {info.relative_path for info in (saved.storage_data or {}).values()}
 
 
-def _gather_to_rank0(value: Any) -> List[Any]:
+def _gather_to_rank0(value: Any, group: Any = None) -> List[Any]:
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return [value]
     out: List[Any] = [None] * dist.get_world_size() if dist.get_rank() == 0 else []
-    dist.gather_object(value, out if dist.get_rank() == 0 else None, dst=0)
+    dist.gather_object(value, out if dist.get_rank() == 0 else None, dst=0, group=group)
     return out
 
 
@@ -277,9 +335,9 @@ class SafeFileSystemReader(FileSystemReader):
             metadata = _MetadataUnpickler(io.BytesIO(f.read()), where).load()
         if not isinstance(metadata, Metadata):
             raise UntrustedCheckpointError(f"sharded checkpoint {where}: {_DCP_METADATA} does not hold DCP metadata")
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = getattr(self, "load_id", None)
+        storage_meta = getattr(metadata, "storage_meta", None) or StorageMeta()
+        storage_meta.load_id = getattr(self, "load_id", None)
+        metadata.storage_meta = storage_meta
         return metadata
 
 

@@ -101,14 +101,17 @@ class RemoteError:
 
 
 class DirectCheckpoint:
-    """A checkpoint rank 0 wrote itself into the driver's checkpoint folder (same node):
-    only its temporary path and score travel; the driver finalises and renames it."""
+    """A checkpoint the workers wrote themselves into the driver's checkpoint folder: only its
+    temporary path and score travel; the driver finalises and renames it. ``pending``: the
+    write goes on in the background (an asynchronous save); the driver commits it once sgd's
+    metadata file appears in it, which the workers write last."""
 
-    __slots__ = ("path", "score_values")
+    __slots__ = ("path", "score_values", "pending")
 
-    def __init__(self, path: str, score_values: Dict[str, Any]):
+    def __init__(self, path: str, score_values: Dict[str, Any], pending: bool = False):
         self.path = path
         self.score_values = score_values
+        self.pending = pending
 
 
 class DirectoryFiles:

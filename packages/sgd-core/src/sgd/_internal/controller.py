@@ -42,6 +42,7 @@ from sgd._internal.rounds import RoundCollector
 from sgd._internal.run_dir import RunDirectory
 from sgd._worker.session import PreemptionInfo
 from sgd.callbacks import TrainingCallback
+from sgd.checkpoint import METADATA_FILE
 from sgd.checkpoint.manager import CheckpointManager
 from sgd.data import DatasetConfig, data_cpu_shortfall, shard_datasets, shards_survive_restart
 from sgd.errors import WorkerDiedError
@@ -160,6 +161,8 @@ class ActiveRun:
         self._failure: Optional[Failure] = None
         self._resize: Optional[Resize] = None
         self._start_error: Optional[BaseException] = None
+        #: asynchronously written checkpoints announced, not yet complete: (payload, iteration)
+        self._pending: List[Tuple[DirectCheckpoint, int]] = []
         self._to(RunState.STARTING)
         resumed = self._delivered_iteration > 0
         for cb in spec.callbacks:
@@ -235,6 +238,7 @@ class ActiveRun:
                 f"{exc} Every result and checkpoint reported so far is kept in {self._spec.run_dir.path}; "
                 "resume it with sgd.Trainer.restore(run_dir) once the cluster has room."
             ) from exc
+        self._pending.clear()  # background writes of the old workers never complete
         self._manager.remove_temporary()  # the old workers are gone, mid-write or not
         # Ray Data's streaming split (split="coordinated") counts a dead consumer that
         # had reached its epoch barrier and cannot forget it: a restarted group needs a
@@ -394,6 +398,7 @@ class ActiveRun:
                 return None
             if round_ is None:
                 self.returns = self._rounds.returns
+                self._commit_pending(final=True)
                 self.finish(error=False)
                 return None
             return self._deliver(round_)
@@ -403,8 +408,15 @@ class ActiveRun:
         """Persist one round and hand it to the hooks and callbacks; ``None`` when there is
         nothing to hand out (a checkpoint round, a round replayed after a restart)."""
         manager = self._manager
+        if self._pending:
+            self._commit_pending()
         if round_.is_checkpoint:
             state = round_.saved_state
+            if isinstance(state, DirectCheckpoint) and state.pending:
+                # Written in the background: committed once its metadata appears (in order).
+                self._pending.append((state, self._delivered_iteration))
+                self._commit_pending()
+                return None
             if isinstance(state, DirectCheckpoint):
                 manager.register_written(Path(state.path), state.score_values, self._delivered_iteration)
             else:
@@ -430,6 +442,23 @@ class ActiveRun:
         # The plugins' implementations, then sgd-core's, which hands the round to the callbacks.
         self._hook.sgd_handle_result(results=results, run_info=self._run_info)
         return results
+
+    def _commit_pending(self, final: bool = False) -> None:
+        """Commit the asynchronously written checkpoints whose metadata file appeared, oldest
+        first (a newer one waits for an older one). ``final``: the workers have finished, so
+        every write that went well is complete; one that is not was abandoned."""
+        while self._pending:
+            state, iteration = self._pending[0]
+            if not (Path(state.path) / METADATA_FILE).is_file():
+                if not final:
+                    return
+                logger.warning("the asynchronous checkpoint %s was not completed by the workers; not committed",
+                               state.path)
+                self._pending.pop(0)
+                continue
+            self._pending.pop(0)
+            self._manager.register_written(Path(state.path), state.score_values, iteration)
+            self._after_checkpoint()
 
     # --- the end ----------------------------------------------------------------------------------
 

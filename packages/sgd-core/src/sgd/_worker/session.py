@@ -144,6 +144,7 @@ class Session:
         self._result: Any = None
         self._error: Optional[RemoteError] = None
         self._stopping = False
+        self._finalizers: List[Callable[[], None]] = []
 
         self._iteration = start_iteration
         # A drain notice for one of the group's hosts (PreemptionInfo), and the report count
@@ -164,7 +165,10 @@ class Session:
     def _run(self) -> None:
         result, error = None, None
         try:
-            result = self._encode(self._train_func())
+            result = self._train_func()
+            for finalizer in self._finalizers:
+                finalizer()
+            result = self._encode(result)
         except RunStopped:
             result = None
         except SystemExit as exc:
@@ -349,8 +353,8 @@ class Session:
         self.loaded_checkpoint = state
         self.latest_checkpoint_object = None
 
-    def commit_written_checkpoint(self, directory: Optional[str], score_values: Optional[Dict[str, Any]] = None
-                                  ) -> None:
+    def commit_written_checkpoint(self, directory: Optional[str], score_values: Optional[Dict[str, Any]] = None,
+                                  wait: bool = True) -> None:
         """Hand the driver a checkpoint the workers wrote themselves, in place, and wait until
         it is committed (for framework helpers such as ``sgd_torch.save_sharded_checkpoint``).
 
@@ -361,18 +365,28 @@ class Session:
         latest checkpoint, and a failure leaves the previous one as latest.
 
         :param score_values: what the checkpoint strategy scores it by, if it holds that attribute.
+        :param wait: ``False`` for a checkpoint still being written in the background: return at
+            once; the driver commits it once sgd's metadata file appears in ``directory`` (write
+            it last, atomically), and the run does not end before that (see :meth:`add_finalizer`).
         """
         data = None
         if self.context.world_rank == 0:
             if directory is None:
                 raise ValueError("rank 0 must pass the directory it wrote the checkpoint into")
-            data = DirectCheckpoint(directory, dict(score_values or {}))
+            data = DirectCheckpoint(directory, dict(score_values or {}), pending=not wait)
         item = _Item(CHECKPOINT, data)
         self._put(item)
-        with self._cv:
-            while not item.acked:
-                self._wait()
+        if wait:
+            with self._cv:
+                while not item.acked:
+                    self._wait()
         self.latest_checkpoint_object = None
+
+    def add_finalizer(self, finalizer: Callable[[], None]) -> None:
+        """Run ``finalizer()`` in the training thread after the training function returned,
+        before the run counts as ended (an asynchronous checkpoint waits for its write there).
+        Not run when the function raised. An exception it raises is the run's error."""
+        self._finalizers.append(finalizer)
 
     @property
     def checkpoint_dir(self) -> Optional[str]:

@@ -237,12 +237,16 @@ def write_dict_dir(data: Dict[str, Any], directory: Path, codec: str = DEFAULT_C
 
 
 def _write_metadata(directory: Path, meta: Dict[str, Any]) -> None:
+    # Written under another name and renamed: whoever sees the file sees all of it (the driver
+    # commits an asynchronously written checkpoint once it appears).
     target = directory / METADATA_FILE
+    partial = directory / f"{METADATA_FILE}.partial"
     try:
-        with open(target, "w") as f:
+        with open(partial, "w") as f:
             json.dump(meta, f)
             f.flush()
             os.fsync(f.fileno())
+        os.replace(partial, target)
     except OSError as exc:
         if integrity.is_disk_full(exc):
             raise integrity.disk_full_error(exc, target) from exc
