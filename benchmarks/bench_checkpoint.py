@@ -6,6 +6,14 @@ e. A 100 MB state dict saved by rank 0 with ``sgd.save_checkpoint`` until it is 
    process; the ratio is sgd's median over plain's best time (conservative). Target: <= 1.5x.
 f. SIGKILL of one worker until the training function runs again on all workers
    (new actors, new gloo process group, function restarted). Target: <= 5 s.
+g. A model sharded with FSDP2 on 2 workers (~1 GB of fp32 parameters, and ~10 MB): how long
+   training is blocked per checkpoint, whole-state (the shards gathered on rank 0 with
+   ``get_model_state_dict(full_state_dict=True, cpu_offload=True)``, then ``sgd.save_checkpoint``)
+   against ``sgd_torch.save_sharded_checkpoint`` blocking and asynchronous; and the driver's
+   peak RSS above its start for each. Targets: asynchronous blocks <= 10% of whole-state at
+   1 GB; the driver's RSS with sharded checkpoints within 100 MB from 10 MB to 1 GB. Between
+   checkpoints the workers "train" (sleep, as CPU threads do while a GPU computes) 1.5x as long
+   as a blocking sharded write took, so an asynchronous write finishes before the next save.
 
 Writes benchmarks/results/checkpoint.json and .md.
 """
@@ -18,6 +26,7 @@ import signal
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -136,18 +145,128 @@ def bench_recovery(trainer: sgd.Trainer, kills: int) -> dict:
     }
 
 
+def _large_func(config):
+    """Build a ~``mb`` MB model, shard it with FSDP2, checkpoint it ``reps`` times the way
+    ``mode`` says; return how long each checkpoint call blocked (rank 0's view)."""
+    import time
+
+    import torch
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    import sgd_torch
+
+    width = 1024
+    layers = max(1, config["mb"] * 1024 * 1024 // (4 * width * width))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False) for _ in range(layers)])
+    model = sgd_torch.prepare_model(model, parallel_strategy="fsdp")
+    blocked = []
+    for step in range(1, config["reps"] + 1):
+        # Training between checkpoints: on a GPU the CPU is free meanwhile, as here (an
+        # asynchronous save writes during this time; the next save waits for it if it has not).
+        time.sleep(config["interval_s"])
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.001)  # a training step's worth of change
+        t = time.perf_counter()
+        if config["mode"] == "whole":
+            full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            sgd.save_checkpoint(model=full, step=step)
+            del full
+        else:
+            sgd_torch.save_sharded_checkpoint({"model": model}, blocking=config["mode"] == "sharded", step=step)
+        blocked.append(time.perf_counter() - t)
+    return {"blocked_s": blocked, "params": sum(p.numel() for p in model.parameters())}  # DTensor: global
+
+
+class _PeakRSS:
+    """Samples this process's resident memory every 10 ms; ``peak_mb`` above the start."""
+
+    def __init__(self):
+        self._stop = threading.Event()
+        self.start_mb = self._rss_mb()
+        self.peak_mb = self.start_mb
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def _rss_mb() -> float:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / MB
+
+    def _run(self):
+        while not self._stop.wait(0.01):
+            self.peak_mb = max(self.peak_mb, self._rss_mb())
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+def bench_large(trainer: sgd.Trainer, sizes_mb, reps: int) -> list:
+    measured = {}
+    for mb in sizes_mb:
+        interval = 1.0
+        for mode in ("whole", "sharded", "async"):
+            with _PeakRSS() as rss:
+                out = trainer.run(_large_func, config={"mb": mb, "mode": mode, "reps": reps, "interval_s": interval},
+                                  checkpoint_strategy=sgd.CheckpointStrategy(num_to_keep=1))[0]
+            if mode == "sharded":  # train between checkpoints longer than a blocking write takes
+                interval = max(1.0, 1.5 * max(out["blocked_s"]))
+            measured[(mb, mode)] = {"blocked_s": out["blocked_s"], "driver_rss_peak_mb": rss.peak_mb - rss.start_mb,
+                                    "params": out["params"]}
+            print(f"g. {mb} MB {mode}: blocked {out['blocked_s']}, driver RSS +{rss.peak_mb - rss.start_mb:.0f} MB",
+                  flush=True)
+    big, small = max(sizes_mb), min(sizes_mb)
+    cases = []
+    for mb in sizes_mb:
+        for mode, label in (("whole", "whole-state (gather + sgd.save_checkpoint)"),
+                            ("sharded", "save_sharded_checkpoint, blocking"),
+                            ("async", "save_sharded_checkpoint(blocking=False)")):
+            m = measured[(mb, mode)]
+            median = statistics.median(m["blocked_s"])
+            case = {"case": f"g. {mb} MB model, {label}: training blocked per checkpoint",
+                    "values_s": m["blocked_s"], "median": median, "unit": "s",
+                    "spread": f"{min(m['blocked_s']):.3f}-{max(m['blocked_s']):.3f}; driver RSS peak "
+                              f"+{m['driver_rss_peak_mb']:.0f} MB; {m['params'] / 1e6:.0f}M parameters",
+                    "driver_rss_peak_mb": m["driver_rss_peak_mb"], "target": "", "met": None}
+            if mb == big and mode == "async":
+                whole = statistics.median(measured[(big, "whole")]["blocked_s"])
+                case["target"] = f"<= 10% of whole-state ({0.1 * whole:.3f} s)"
+                case["met"] = median <= 0.1 * whole
+            cases.append(case)
+    for mode in ("sharded", "async"):
+        growth = measured[(big, mode)]["driver_rss_peak_mb"] - measured[(small, mode)]["driver_rss_peak_mb"]
+        cases.append({"case": f"g. driver RSS growth, {small} MB -> {big} MB model, {mode}", "median": growth,
+                      "unit": "MB", "spread": "peak above the driver's RSS at the start of the run",
+                      "target": "<= 100 MB", "met": growth <= 100})
+    return cases
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
     parser.add_argument("--mb", type=int, default=100)
+    parser.add_argument("--large-mb", type=int, default=1024, help="the large model of case g")
+    parser.add_argument("--only", choices=["e", "f", "g"], action="append", help="run only these cases")
     args = parser.parse_args()
     reps, kills = (3, 2) if args.quick else (5, 4)
+    only = set(args.only or ["e", "f", "g"])
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     logdir = Path(tempfile.mkdtemp(prefix="sgd_bench_ckpt_"))
     trainer = sgd.Trainer(backend="torch", num_workers=2, logdir=logdir, max_retries=-1)
     trainer.start()
     try:
-        cases = [bench_checkpoint(trainer, args.mb, reps), bench_recovery(trainer, kills)]
+        cases = []
+        if "e" in only:
+            cases.append(bench_checkpoint(trainer, args.mb, reps))
+        if "f" in only:
+            cases.append(bench_recovery(trainer, kills))
+        if "g" in only:
+            cases += bench_large(trainer, [10, args.large_mb], 2 if args.quick else 3)
     finally:
         trainer.shutdown()
         ray.shutdown()
