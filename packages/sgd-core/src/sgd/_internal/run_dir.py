@@ -58,8 +58,12 @@ class RunDirectory:
         import socket
 
         # The driver's pid and host tell a reader whether a RUNNING run's driver is still alive.
-        (self.path / STATUS_FILE).write_text(json.dumps({"status": status, "time": time.time(),
-                                                         "pid": os.getpid(), "host": socket.gethostname()}))
+        # Written under another name and renamed: a driver killed mid-write (a Tune trial's actor
+        # taken down with its job) leaves the previous status, never an empty file (UNKNOWN).
+        partial = self.path / f".{STATUS_FILE}.{os.getpid()}"
+        partial.write_text(json.dumps({"status": status, "time": time.time(),
+                                       "pid": os.getpid(), "host": socket.gethostname()}))
+        os.replace(partial, self.path / STATUS_FILE)
 
     def close(self, error: bool, interrupted: bool = False, stopped: bool = False) -> None:
         if self._results is not None:
