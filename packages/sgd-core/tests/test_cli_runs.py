@@ -148,3 +148,23 @@ def test_running_run_whose_driver_is_gone_shows_driver_died(tmp_path):
         run.mkdir()
         (run / "status.json").write_text(json.dumps({"status": "RUNNING", "time": 0, "pid": pid, "host": host}))
         assert runs.run_info(run).status == expected, name
+
+
+def test_a_status_write_cut_short_keeps_the_previous_status(tmp_path, monkeypatch):
+    """A driver killed while it writes status.json (forced here: the rename never happens)
+    leaves the previous status, not an unreadable file."""
+    from sgd import runs
+    from sgd._internal import run_dir
+
+    run = run_dir.RunDirectory.create(tmp_path / "run_001")
+    assert runs.run_status(run.path) == "RUNNING"
+
+    def killed(*args):
+        raise OSError("killed before the rename")
+
+    import os
+
+    monkeypatch.setattr(os, "replace", killed)
+    with pytest.raises(OSError, match="killed"):
+        run.close(error=True)
+    assert runs.run_status(run.path) == "RUNNING"  # this process is alive: not DRIVER_DIED
