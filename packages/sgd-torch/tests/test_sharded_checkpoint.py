@@ -256,3 +256,34 @@ def test_a_worker_lost_mid_write_leaves_the_previous_checkpoint_as_latest(saved,
     folder = trainer.latest_run_dir / "checkpoints"
     assert not list(folder.glob(".tmp_*"))
     assert trainer.latest_checkpoint["step"] == 3
+
+
+def _gpu_fsdp(config):
+    import torch.distributed as dist
+
+    from sgd_torch import get_device, load_sharded_checkpoint, prepare_model, save_sharded_checkpoint
+
+    model = prepare_model(_mlp(), parallel_strategy="fsdp")
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    loaded = load_sharded_checkpoint({"model": model, "opt": opt})
+    x, y = (t.to(get_device()) for t in _batch(1, sgd.world_rank()))
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    opt.step()
+    save_sharded_checkpoint({"model": model, "opt": opt}, blocking=config["blocking"], step=1)
+    return dist.get_backend(), next(model.parameters()).device.type, loaded
+
+
+@pytest.mark.gpu
+def test_fsdp2_over_nccl_saves_and_loads_sharded(ray_cluster, tmp_path):
+    n = torch.cuda.device_count()
+    trainer = sgd.Trainer(backend="torch", num_workers=min(2, n), use_gpu=True, logdir=tmp_path)
+    trainer.start()
+    try:
+        first = trainer.run(_gpu_fsdp, config={"blocking": False})
+        assert first[0][:2] == ("nccl", "cuda") and first[0][2] is None
+        assert trainer.latest_checkpoint == {"step": 1}
+        again = trainer.run(_gpu_fsdp, config={"blocking": True}, checkpoint=trainer.best_checkpoint_path)
+        assert again[0][2] == {"step": 1}
+    finally:
+        trainer.shutdown()
