@@ -14,6 +14,7 @@ went through a round).
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -171,6 +172,13 @@ class Session:
             result = self._encode(result)
         except RunStopped:
             result = None
+            # Stopped on purpose: still let a background checkpoint write end (nothing of it
+            # must outlive the run), but its failure is not the run's.
+            for finalizer in self._finalizers:
+                try:
+                    finalizer()
+                except Exception:
+                    logging.getLogger("sgd").warning("a finalizer of a stopped run failed", exc_info=True)
         except SystemExit as exc:
             # As in a script: exit status 0 ends the function; any other ends the
             # process, which the driver treats as a worker failure (and retries).
@@ -385,7 +393,8 @@ class Session:
     def add_finalizer(self, finalizer: Callable[[], None]) -> None:
         """Run ``finalizer()`` in the training thread after the training function returned,
         before the run counts as ended (an asynchronous checkpoint waits for its write there).
-        Not run when the function raised. An exception it raises is the run's error."""
+        An exception it raises is the run's error. Also run, its errors only logged, when the
+        run was stopped (``TrainingIterator.stop``); not run when the function raised."""
         self._finalizers.append(finalizer)
 
     @property
