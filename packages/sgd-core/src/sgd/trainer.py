@@ -255,20 +255,13 @@ class Trainer:
         return RunController(executor, self.max_retries)
 
     def _settings_json(self) -> Dict[str, Any]:
+        """:meth:`settings` as ``trainer.json`` keeps them (what :meth:`restore` reads)."""
         import dataclasses
 
-        return {
-            "backend": self._backend_config.name,
-            "backend_config": dataclasses.asdict(self._backend_config)
-            if dataclasses.is_dataclass(self._backend_config) else {},
-            "num_workers": [self._min_workers, self._max_workers],
-            "use_gpu": self._use_gpu,
-            "resources_per_worker": self._resources,
-            "max_retries": self.max_retries,
-            "storage_path": self.storage_path,
-            "placement_strategy": self.placement_strategy,
-            "placement_timeout_s": self.placement_timeout_s,
-        }
+        config = self._backend_config
+        return dict(self.settings(), backend=config.name,
+                    backend_config=dataclasses.asdict(config) if dataclasses.is_dataclass(config) else {},
+                    num_workers=[self._min_workers, self._max_workers])
 
     def start(self, initialization_hook: Optional[Callable[[], Any]] = None) -> None:
         """Start the workers, run ``initialization_hook`` on each, set the backend up.
