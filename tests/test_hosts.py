@@ -402,3 +402,64 @@ def test_per_rank_profiler_traces_from_worker_hosts_reach_the_run_directory(host
     traces = sorted(p for p in trainer.latest_run_dir.rglob("*.pt.trace.json*"))
     assert len({p.name.split(".")[0] for p in traces}) == 2, traces  # one worker's traces each
     assert all(p.stat().st_size > 0 for p in traces)
+
+
+def _sharded(config):
+    import ray
+    import torch
+
+    import sgd_torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
+    model = sgd_torch.prepare_model(model, parallel_strategy="fsdp")
+    loaded = sgd_torch.load_sharded_checkpoint({"model": model})
+    start = loaded["step"] if loaded else 0
+    with torch.no_grad():
+        if loaded is None:
+            for p in model.parameters():
+                p.zero_()
+        # Every element of every shard is the step it was saved at: the restore read them all.
+        local = [p.to_local() if hasattr(p, "to_local") else p for p in model.parameters()]
+        restored = all(bool(t.eq(float(start)).all()) for t in local)
+    for step in range(start + 1, config["steps"] + 1):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)  # a training step
+        sgd.report(step=step, resumed_from=start, restored=restored, ip=ray.util.get_node_ip_address(),
+                   world_size=sgd.world_size())
+        # Two asynchronous saves, then blocking ones: the kill at step 4's report finds 3 committed.
+        sgd_torch.save_sharded_checkpoint({"model": model}, blocking=step >= 3, step=step)
+    return sgd.world_size()
+
+
+def test_sharded_checkpoints_reach_the_driver_and_restore_after_a_host_loss(hosts):
+    """Every worker host has a disk of its own: each rank's shard goes to the driver's disk, and
+    the restart after a host is lost loads them from there (resharded onto what is left)."""
+    pytest.importorskip("torch")
+
+    def lose(results):
+        next(h for h in hosts.hosts if h.ip == results[1]["ip"]).kill()
+
+    chaos = _OnStep(4, lose)
+    trainer = sgd.Trainer(backend="torch", num_workers=(1, 2), max_retries=1, placement_strategy="SPREAD")
+    trainer.start()
+    try:
+        trainer.run(_sharded, config={"steps": 5}, callbacks=[chaos])
+    finally:
+        trainer.shutdown()
+    firsts = [r[0] for r in chaos.rounds]
+    assert [r["step"] for r in firsts] == [1, 2, 3, 4, 5]  # nothing lost, nothing twice
+    assert len({firsts[0]["ip"], chaos.rounds[0][1]["ip"]}) == 2  # one rank per host: two private disks
+    # The host died after checkpoint 3 was committed, and maybe 4 (saved after step 4's report):
+    # the restart resumed from the newest one; a step redone after it is not reported twice.
+    resumed = firsts[-1]["resumed_from"]
+    assert resumed in (3, 4)
+    assert [r["resumed_from"] for r in firsts[:4]] == [0, 0, 0, 0] and firsts[4]["resumed_from"] == resumed
+    assert all(r["restored"] for rnd in chaos.rounds for r in rnd)  # restored shards hold the saved values
+    assert firsts[4]["ip"] != chaos.rounds[3][1]["ip"]  # restarted on the host that is left
+    assert trainer.latest_checkpoint == {"step": 5}
+    checkpoints = trainer.latest_run_dir / "checkpoints"
+    shards = sorted(p.name for p in sorted(checkpoints.glob("checkpoint_*"))[-1].iterdir())
+    assert ".metadata" in shards and any(n.endswith(".distcp") for n in shards), shards
+    assert not list(checkpoints.rglob("*.sgd-part")) and not list(checkpoints.glob(".tmp_*"))
+    assert _steps(trainer.latest_run_dir) == [1, 2, 3, 4, 5]

@@ -65,11 +65,11 @@ def _die_while_writing(step, marker):
 
     finish = sharded._finish
 
-    def dying(tmp, rank, metadata, group):
+    def dying(local, tmp, rank, metadata, *rest):
         if rank == 1 and metadata["step"] == step and not os.path.exists(marker):
             Path(marker).touch()
             os._exit(1)
-        return finish(tmp, rank, metadata, group)
+        return finish(local, tmp, rank, metadata, *rest)
 
     sharded._finish = dying
 

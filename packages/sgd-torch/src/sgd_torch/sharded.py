@@ -22,9 +22,12 @@ import io
 import json
 import os
 import pickle
+import shutil
+import tempfile
 import threading
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -32,6 +35,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint._traverse import set_element  # what DCP's own planner uses
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
@@ -40,7 +44,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from sgd.checkpoint import SHARDED_KEY, UntrustedCheckpointError, is_sharded, write_sharded_metadata
+from sgd.checkpoint import METADATA_FILE, SHARDED_KEY, UntrustedCheckpointError, is_sharded, write_sharded_metadata
 from sgd.checkpoint.integrity import file_digest
 from sgd.session import get_session
 
@@ -79,14 +83,18 @@ def save_sharded_checkpoint(state: Dict[str, Any], *, blocking: bool = True, **m
     # Every rank calls this the same number of times, so the count names the same folder on all.
     tmp = os.path.join(folder, f".tmp_sharded_{count:06d}")
     rank = session.context.world_rank
-    os.makedirs(tmp, exist_ok=True)
+    # A worker whose host has a disk of its own writes its shard there, then sends it to the
+    # driver's disk (sgd's file server, in chunks); one on the driver's host writes in place.
+    files = None if session.shares_driver_disk else session.driver_files
+    local = tempfile.mkdtemp(prefix=f"sgd_shard_{count:06d}_") if files is not None else tmp
+    os.makedirs(local, exist_ok=True)
     if blocking:
-        dcp.save(_dcp_state(state), checkpoint_id=tmp)
-        _finish(tmp, rank, metadata, None)
+        dcp.save(_dcp_state(state), checkpoint_id=local)
+        _finish(local, tmp, rank, metadata, None, files)
         session.commit_written_checkpoint(tmp if rank == 0 else None, score_values=metadata)
         return
     group = _checkpoint_group()
-    response = dcp.async_save(_dcp_state(state), checkpoint_id=tmp, process_group=group)
+    response = dcp.async_save(_dcp_state(state), checkpoint_id=local, process_group=group)
     # A Future, or (other stager settings) a response whose upload_completion is one.
     written: Any = getattr(response, "upload_completion", response)
     # Announced now, at the same place in every worker's stream of reports; committed later.
@@ -96,7 +104,7 @@ def save_sharded_checkpoint(state: Dict[str, Any], *, blocking: bool = True, **m
     def finish_in_background() -> None:
         try:
             written.result()
-            _finish(tmp, rank, metadata, group)
+            _finish(local, tmp, rank, metadata, group, files)
         except BaseException as exc:  # raised in the training thread by the next save or at the end
             box["error"] = exc
 
@@ -107,24 +115,34 @@ def save_sharded_checkpoint(state: Dict[str, Any], *, blocking: bool = True, **m
     session._sgd_torch_pending_save = (thread, box)
 
 
-def _finish(tmp: str, rank: int, metadata: Dict[str, Any], group: Any) -> None:
-    """Every rank hashes the files it wrote (in parallel: the driver reads none of them);
-    rank 0 checks that every shard is there and writes sgd's metadata, last."""
-    digests = {name: file_digest(Path(tmp, name)) for name in _own_files(tmp, rank)}
-    every = _gather_to_rank0(digests, group)
-    if rank != 0:
-        return
-    files: Dict[str, Any] = {}
-    for part in every:
-        files.update(part)
-    files[_DCP_METADATA] = file_digest(Path(tmp, _DCP_METADATA))
-    missing = sorted(_data_files(tmp) - set(files))
-    if missing:
-        raise FileNotFoundError(
-            f"sharded checkpoint {tmp}: the shards {missing} were written by workers that do not share this "
-            "folder with rank 0 (their hosts have disks of their own). Sharded checkpoints need the run "
-            "directory on a filesystem the driver and every worker share (Trainer(logdir=...)).")
-    write_sharded_metadata(Path(tmp), files, metadata, WRITER)
+def _finish(local: str, tmp: str, rank: int, metadata: Dict[str, Any], group: Any, files: Any) -> None:
+    """Every rank hashes the files it wrote (in parallel: the driver reads none of them) and,
+    from a host of its own, sends them to ``tmp`` on the driver's disk; rank 0 checks that
+    every shard is there and writes sgd's metadata, last."""
+    try:
+        own = _own_files(local, rank)
+        digests = {name: file_digest(Path(local, name)) for name in own}
+        if files is not None:
+            for name in own:
+                files.upload(os.path.join(local, name), os.path.join(tmp, name))
+        every = _gather_to_rank0(digests, group)  # after every rank's upload: all are in tmp
+        if rank != 0:
+            return
+        digests = {}
+        for part in every:
+            digests.update(part)
+        digests[_DCP_METADATA] = file_digest(Path(local, _DCP_METADATA))
+        missing = sorted(_data_files(local) - set(digests))
+        if missing:
+            raise FileNotFoundError(f"sharded checkpoint {tmp}: no worker reported writing the shards {missing}; "
+                                    "it is not committed")
+        write_sharded_metadata(Path(local), digests, metadata, WRITER)
+        if files is not None:  # DCP's metadata, then sgd's: the driver commits once that one is there
+            files.upload(os.path.join(local, _DCP_METADATA), os.path.join(tmp, _DCP_METADATA))
+            files.upload(os.path.join(local, METADATA_FILE), os.path.join(tmp, METADATA_FILE))
+    finally:
+        if files is not None:
+            shutil.rmtree(local, ignore_errors=True)
 
 
 def _wait_for_previous(session: Any) -> None:
@@ -173,7 +191,9 @@ def load_sharded_checkpoint(state: Dict[str, Any]) -> Optional[Dict[str, Any]]:
                          "or a dict or directory passed to run()): load it with sgd.load_checkpoint(), not "
                          "sgd_torch.load_sharded_checkpoint()")
     path = loaded[SHARDED_KEY]
-    reader = SafeFileSystemReader(path)
+    # The checkpoint is on the driver's disk: read in place, or through sgd's file server from
+    # a host of its own (each rank fetches only the byte ranges its shards need).
+    reader = SafeFileSystemReader(path, None if session.shares_driver_disk else session.driver_files)
     saved = reader.read_metadata()
     target = _dcp_state(state)
     _check_against(target, saved.state_dict_metadata, path)
@@ -325,20 +345,54 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 class SafeFileSystemReader(FileSystemReader):
     """DCP's file reader, reading the ``.metadata`` pickle with an unpickler that builds only
-    DCP's metadata classes (``torch.distributed.checkpoint.FileSystemReader`` unpickles anything)."""
+    DCP's metadata classes (``torch.distributed.checkpoint.FileSystemReader`` unpickles anything).
+
+    :param path: the checkpoint folder.
+    :param driver_files: read it from the driver's disk through sgd's file server
+        (``Session.driver_files``) instead of this host's: each tensor's byte range, fetched
+        when DCP asks for it.
+    """
+
+    def __init__(self, path: Any, driver_files: Any = None) -> None:
+        super().__init__(path)
+        self._driver_files = driver_files
+        if driver_files is not None:
+            self.fs = _DriverFileSystem()
+
+    def _read_file(self, name: str) -> bytes:
+        where = os.path.join(str(self.path), name)
+        if self._driver_files is None:
+            with open(where, "rb") as f:
+                return f.read()
+        return self._driver_files.read(where, 0, self._driver_files.size(where))
+
+    def _slice_file(self, file: Any, sinfo: Any) -> Any:
+        if self._driver_files is None:
+            return super()._slice_file(file, sinfo)
+        return io.BytesIO(self._driver_files.read(str(file), sinfo.offset, sinfo.length))
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         if kwargs.get("rank") is not None:
             raise UntrustedCheckpointError("per-rank DCP metadata files are not read by sgd")
         where = str(self.path)
-        with open(os.path.join(where, _DCP_METADATA), "rb") as f:
-            metadata = _MetadataUnpickler(io.BytesIO(f.read()), where).load()
+        metadata = _MetadataUnpickler(io.BytesIO(self._read_file(_DCP_METADATA)), where).load()
         if not isinstance(metadata, Metadata):
             raise UntrustedCheckpointError(f"sharded checkpoint {where}: {_DCP_METADATA} does not hold DCP metadata")
         storage_meta = getattr(metadata, "storage_meta", None) or StorageMeta()
         storage_meta.load_id = getattr(self, "load_id", None)
         metadata.storage_meta = storage_meta
         return metadata
+
+
+class _DriverFileSystem(FileSystem):
+    """Paths on the driver's host: a "stream" is the file's path; :meth:`SafeFileSystemReader._slice_file`
+    fetches each byte range through the file server."""
+
+    @contextmanager
+    def create_stream(self, path: Any, mode: str) -> Iterator[Any]:
+        if mode != "rb":
+            raise PermissionError(f"{path} on the driver's host is opened for reading only")
+        yield str(path)
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):

@@ -299,7 +299,7 @@ class BackendExecutor:
         dataset_shards: Optional[List[Any]] = None,
         start_iteration: int = 0,
         direct_write: Optional[DirectWrite] = None,
-        run_info: Optional[Dict[str, Optional[str]]] = None,
+        run_info: Optional[Dict[str, Any]] = None,
     ) -> RoundCollector:
         """Start ``train_func`` on every worker (replacing the group first if its last run
         failed) and return the collector of its rounds.

@@ -40,9 +40,10 @@ from sgd._internal.backend_executor import BackendExecutor
 from sgd._internal.policies import ClusterView, Failure, FailurePolicy, Raise, Resize, Wait
 from sgd._internal.rounds import RoundCollector
 from sgd._internal.run_dir import RunDirectory
+from sgd._worker.driver_files import start_server
 from sgd._worker.session import PreemptionInfo
 from sgd.callbacks import TrainingCallback
-from sgd.checkpoint import METADATA_FILE
+from sgd.checkpoint import METADATA_FILE, SHARDED_KEY
 from sgd.checkpoint.manager import CheckpointManager
 from sgd.data import DatasetConfig, data_cpu_shortfall, shard_datasets, shards_survive_restart
 from sgd.errors import WorkerDiedError
@@ -163,6 +164,8 @@ class ActiveRun:
         self._start_error: Optional[BaseException] = None
         #: asynchronously written checkpoints announced, not yet complete: (payload, iteration)
         self._pending: List[Tuple[DirectCheckpoint, int]] = []
+        #: the file server on the driver's host, once a worker runs elsewhere (sgd._worker.driver_files)
+        self._files: Any = None
         self._to(RunState.STARTING)
         resumed = self._delivered_iteration > 0
         for cb in spec.callbacks:
@@ -213,10 +216,27 @@ class ActiveRun:
             direct = DirectWrite(str(self._manager.checkpoint_dir), self._manager.codec,
                                  self._manager.strategy.checkpoint_score_attribute)
         rounds = executor.start_training(spec.train_func, checkpoint, shards, start_iteration, direct,
-                                         spec.worker_run_info)
+                                         self._worker_run_info(group))
         rounds.tick = self._check_hosts
         self._drain, self._drain_waits_logged = None, False
         return rounds
+
+    def _worker_run_info(self, group: WorkerGroup) -> Dict[str, Any]:
+        """What each worker's context gets for this run: the run's names, the driver's node,
+        and a file server on it when a worker's host is another one (a disk of its own)."""
+        driver_node = ray.get_runtime_context().get_node_id()
+        info: Dict[str, Any] = dict(self._spec.worker_run_info, driver_node_id=driver_node)
+        if self._files is None and any(m.node_id != driver_node for m in group.metadata):
+            initial = self._spec.checkpoint
+            readable = [initial[SHARDED_KEY]] if isinstance(initial, dict) and SHARDED_KEY in initial else []
+            self._files = start_server(driver_node, [str(self._spec.run_dir.path)], readable)
+        info["driver_files"] = self._files
+        return info
+
+    def _stop_files(self) -> None:
+        if self._files is not None:
+            ray.kill(self._files, no_restart=True)
+            self._files = None
 
     def _fail(self, error: BaseException, phase: str) -> None:
         """Ask the failure policy; carry its decision out: RESTARTING next, or raise."""
@@ -471,6 +491,7 @@ class ActiveRun:
         self._to(RunState.STOPPED)
         self._spec.run_dir.close(False, stopped=True)
         self._executor.stop_training(patience_s)
+        self._stop_files()
         self._manager.remove_temporary()
         for cb in self._spec.callbacks:
             cb.finish_training(error=False)
@@ -482,6 +503,7 @@ class ActiveRun:
         self._to(RunState.ERRORED if error else RunState.FINISHED)
         self._spec.run_dir.close(error, interrupted=isinstance(exc, KeyboardInterrupt))
         self._executor.end_training(ok=not error, error=exc)
+        self._stop_files()
         self._manager.remove_temporary()
         for cb in self._spec.callbacks:
             try:

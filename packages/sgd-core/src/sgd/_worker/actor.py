@@ -113,7 +113,7 @@ class WorkerMixin:
         max_pending: int,
         start_iteration: int = 0,
         direct_write: Optional[DirectWrite] = None,
-        run_info: Optional[Dict[str, Optional[str]]] = None,
+        run_info: Optional[Dict[str, Any]] = None,
         preloads: int = 0,
     ) -> None:
         """Start a run: ``user_code`` is ``(train_func, encode, encode_checkpoint, checkpoint)``,

@@ -38,6 +38,7 @@ from sgd._common.protocol import (
     encode_line,
 )
 from sgd._common.run_hooks import run_error_hooks
+from sgd._worker.driver_files import DriverFiles
 from sgd.checkpoint import METADATA_FILE, Checkpoint, write_dict_dir, write_directory_metadata, write_files
 from sgd.errors import PicklableError
 
@@ -92,6 +93,11 @@ class WorkerContext:
     def get_trial_id(self) -> Optional[str]:
         """The Ray Tune trial's id when the run is a Tune trial, else ``None``."""
         return self.trial_id
+
+    # How this worker reaches the driver's disk (set at the start of each run).
+    driver_node_id: Optional[str] = None
+    #: A ``DriverFileServer`` actor's handle, on runs with workers on other hosts.
+    driver_files: Any = None
 
 
 class _Item:
@@ -396,6 +402,28 @@ class Session:
         An exception it raises is the run's error. Also run, its errors only logged, when the
         run was stopped (``TrainingIterator.stop``); not run when the function raised."""
         self._finalizers.append(finalizer)
+
+    @property
+    def shares_driver_disk(self) -> bool:
+        """Whether this worker runs on the driver's host, and so sees the run directory (and
+        every path the driver passes) on its own disk. Workers elsewhere reach the driver's
+        disk through :attr:`driver_files`."""
+        if self.context.driver_node_id is None:
+            return True  # not started by a trainer (tests, local use): one host
+        import ray
+
+        return bool(ray.get_runtime_context().get_node_id() == self.context.driver_node_id)
+
+    @property
+    def driver_files(self) -> Any:
+        """A :class:`sgd._worker.driver_files.DriverFiles` for a worker on another host than the
+        driver's: ``upload(local, driver_path)`` into the run directory, ``read(driver_path,
+        offset, length)`` of the run directory or the checkpoint the run started from."""
+        server = self.context.driver_files
+        if server is None:
+            raise RuntimeError("this run has no file server on the driver's host (its workers share the driver's "
+                               "disk, or it has no run directory)")
+        return DriverFiles(server)
 
     @property
     def checkpoint_dir(self) -> Optional[str]:
