@@ -14,6 +14,10 @@ g. A model sharded with FSDP2 on 2 workers (~1 GB of fp32 parameters, and ~10 MB
    1 GB; the driver's RSS with sharded checkpoints within 100 MB from 10 MB to 1 GB. Between
    checkpoints the workers "train" (sleep, as CPU threads do while a GPU computes) 1.5x as long
    as a blocking sharded write took, so an asynchronous write finishes before the next save.
+   Side by side, Ray Train 2.x's documented pattern for the same 1 GB FSDP2 model: every rank
+   ``dcp.save``s its shard into a local folder, then ``ray.train.report(metrics,
+   checkpoint=Checkpoint.from_directory(folder))`` with ``checkpoint_upload_mode`` SYNC and
+   ASYNC (Ray Train uploads each rank's folder into the run's storage).
 
 Writes benchmarks/results/checkpoint.json and .md.
 """
@@ -145,6 +149,77 @@ def bench_recovery(trainer: sgd.Trainer, kills: int) -> dict:
     }
 
 
+def _fsdp2_model(mb: int):
+    import torch
+
+    import sgd_torch
+
+    width = 1024
+    layers = max(1, mb * 1024 * 1024 // (4 * width * width))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False) for _ in range(layers)])
+    return sgd_torch.prepare_model(model, parallel_strategy="fsdp")
+
+
+def _ray_train_large_func(config):
+    """Ray Train 2.x's documented DCP pattern: dcp.save per rank into a local folder, then
+    ray.train.report with that folder as the checkpoint (uploaded by Ray Train)."""
+    import json
+    import tempfile
+    import time
+
+    import ray.train
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    model = _fsdp2_model(config["mb"])  # fully_shard per layer, as sgd's; no sgd session is used
+    mode = ray.train.CheckpointUploadMode[config["upload"]]
+    blocked = []
+    for step in range(1, config["reps"] + 1):
+        time.sleep(config["interval_s"])
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.001)
+        t = time.perf_counter()
+        folder = tempfile.mkdtemp(prefix="ray_dcp_")
+        dcp.save(get_model_state_dict(model), checkpoint_id=folder)
+        ray.train.report({"step": step}, checkpoint=ray.train.Checkpoint.from_directory(folder),
+                         checkpoint_upload_mode=mode)
+        blocked.append(time.perf_counter() - t)
+    if ray.train.get_context().get_world_rank() == 0:
+        with open(config["out"], "w") as f:
+            json.dump(blocked, f)
+
+
+def bench_ray_train(mb: int, reps: int, interval_s: float, work: Path) -> list:
+    """Ray Train 2.x (TorchTrainer, 2 workers) with its DCP pattern, sync and async upload."""
+    import json
+
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+    cases = []
+    try:
+        for upload in ("SYNC", "ASYNC"):
+            out = work / f"ray_{upload}.json"
+            TorchTrainer(_ray_train_large_func,
+                         train_loop_config={"mb": mb, "reps": reps, "interval_s": interval_s, "upload": upload,
+                                            "out": str(out)},
+                         scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
+                         run_config=RunConfig(storage_path=str(work / "ray_storage"), name=f"dcp_{upload}")).fit()
+            blocked = json.loads(out.read_text())
+            print(f"g. Ray Train {mb} MB {upload}: blocked {blocked}", flush=True)
+            cases.append({"case": f"g. {mb} MB model, Ray Train 2.60: dcp.save + ray.train.report(checkpoint, "
+                                  f"checkpoint_upload_mode={upload}): training blocked per checkpoint",
+                          "values_s": blocked, "median": statistics.median(blocked), "unit": "s",
+                          "spread": f"{min(blocked):.3f}-{max(blocked):.3f}", "target": "", "met": None})
+    finally:
+        ray.shutdown()
+    return cases
+
+
 def _large_func(config):
     """Build a ~``mb`` MB model, shard it with FSDP2, checkpoint it ``reps`` times the way
     ``mode`` says; return how long each checkpoint call blocked (rank 0's view)."""
@@ -155,11 +230,7 @@ def _large_func(config):
 
     import sgd_torch
 
-    width = 1024
-    layers = max(1, config["mb"] * 1024 * 1024 // (4 * width * width))
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False) for _ in range(layers)])
-    model = sgd_torch.prepare_model(model, parallel_strategy="fsdp")
+    model = _fsdp2_model(config["mb"])
     blocked = []
     for step in range(1, config["reps"] + 1):
         # Training between checkpoints: on a GPU the CPU is free meanwhile, as here (an
@@ -207,7 +278,8 @@ class _PeakRSS:
 
 
 def bench_large(trainer: sgd.Trainer, sizes_mb, reps: int) -> list:
-    measured = {}
+    """Returns the cases, and the interval trained between checkpoints at the largest size."""
+    measured, intervals = {}, {}
     for mb in sizes_mb:
         interval = 1.0
         for mode in ("whole", "sharded", "async"):
@@ -216,6 +288,7 @@ def bench_large(trainer: sgd.Trainer, sizes_mb, reps: int) -> list:
                                   checkpoint_strategy=sgd.CheckpointStrategy(num_to_keep=1))[0]
             if mode == "sharded":  # train between checkpoints longer than a blocking write takes
                 interval = max(1.0, 1.5 * max(out["blocked_s"]))
+                intervals[mb] = interval
             measured[(mb, mode)] = {"blocked_s": out["blocked_s"], "driver_rss_peak_mb": rss.peak_mb - rss.start_mb,
                                     "params": out["params"]}
             print(f"g. {mb} MB {mode}: blocked {out['blocked_s']}, driver RSS +{rss.peak_mb - rss.start_mb:.0f} MB",
@@ -243,7 +316,18 @@ def bench_large(trainer: sgd.Trainer, sizes_mb, reps: int) -> list:
         cases.append({"case": f"g. driver RSS growth, {small} MB -> {big} MB model, {mode}", "median": growth,
                       "unit": "MB", "spread": "peak above the driver's RSS at the start of the run",
                       "target": "<= 100 MB", "met": growth <= 100})
-    return cases
+    return cases, intervals[big]
+
+
+def _keep_cases_not_run(cases: list, only: set) -> list:
+    """With ``--only``, the committed results of the other cases stay in the table."""
+    import json
+
+    previous = Path(__file__).parent / "results" / "checkpoint.json"
+    if only == {"e", "f", "g"} or not previous.exists():
+        return cases
+    kept = [c for c in json.loads(previous.read_text())["cases"] if c["case"][0] not in only]
+    return sorted(kept + cases, key=lambda c: c["case"][0])
 
 
 def main() -> int:
@@ -252,6 +336,7 @@ def main() -> int:
     parser.add_argument("--mb", type=int, default=100)
     parser.add_argument("--large-mb", type=int, default=1024, help="the large model of case g")
     parser.add_argument("--only", choices=["e", "f", "g"], action="append", help="run only these cases")
+    parser.add_argument("--no-ray-train", action="store_true", help="case g without Ray Train side by side")
     args = parser.parse_args()
     reps, kills = (3, 2) if args.quick else (5, 4)
     only = set(args.only or ["e", "f", "g"])
@@ -266,10 +351,14 @@ def main() -> int:
         if "f" in only:
             cases.append(bench_recovery(trainer, kills))
         if "g" in only:
-            cases += bench_large(trainer, [10, args.large_mb], 2 if args.quick else 3)
+            large, interval = bench_large(trainer, [10, args.large_mb], 2 if args.quick else 3)
+            cases += large
     finally:
         trainer.shutdown()
         ray.shutdown()
+    if "g" in only and not args.no_ray_train:
+        cases += bench_ray_train(args.large_mb, 2 if args.quick else 3, interval, logdir)
+    cases = _keep_cases_not_run(cases, only)
     meta = machine(quick=args.quick)
     title = (f"sgd checkpoint benchmarks, {meta['date']}: {meta['cpus']} CPUs, Python {meta['python']}, "
              f"Ray {meta['ray']}, torch {meta['torch']}, 2 workers (gloo)")
