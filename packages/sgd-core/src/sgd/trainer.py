@@ -479,6 +479,18 @@ class TrainingIterator:
     def is_finished(self) -> bool:
         return self._run.finished
 
+    def checkpoint_for(self, iteration: int) -> Optional[Path]:
+        """The committed checkpoint directory that goes with report ``iteration`` (its
+        ``_training_iteration``), or ``None`` (none goes with it, or retention removed it).
+
+        ``sgd.report(metrics, checkpoint=...)`` pairs them itself; a separate
+        ``sgd.save_checkpoint`` goes with the report before it, or, in a run whose first
+        checkpoint came before its first report, with the report after it (docs:
+        checkpoints-and-fault-tolerance, "Which report a checkpoint goes with"). A checkpoint
+        that goes with the report before it is known once the next round arrives.
+        """
+        return self._run.checkpoint_for(iteration)
+
     def stop(self, patience_s: float = 5.0) -> None:
         """End the run early, on purpose, and keep the workers for the next run.
 

@@ -12,25 +12,31 @@ trial, and the next ``step()`` starts the new trial's run on the same workers. `
 (Tune is done with the actor) stops a run still going, then shuts the workers down.
 
 How a round becomes a result: each ``step()`` hands Tune rank 0's dict of one report
-round. A checkpoint belongs to the report that *precedes* it (the documented pattern is
-``sgd.report(...)`` then ``sgd.save_checkpoint(...)``), which the driver only knows once the
-next round (or the end of the run) arrives, so results reach Tune one round late. A result
-followed by a checkpoint carries ``should_checkpoint=True``; Tune then calls
-``save_checkpoint``, which copies the newest sgd checkpoint directory into Tune's, so a Tune
-checkpoint loads with ``sgd.Trainer.load_checkpoint_from_path``.
+round, 1:1, with ``should_checkpoint=True`` when a checkpoint goes with that report; Tune
+then calls ``save_checkpoint``, which copies that sgd checkpoint directory into Tune's (it
+loads with ``sgd.Trainer.load_checkpoint_from_path``). Which report a checkpoint goes with is
+sgd's rule (``TrainingIterator.checkpoint_for``): ``sgd.report(metrics, checkpoint=...)`` says
+it; a separate ``sgd.save_checkpoint`` goes with the report before it, or, in a run whose
+first checkpoint came before its first report (save, then report: Ray Train 1.x's tests), with
+the report after it. A report reaches Tune once the next round (or the end of the run) has
+arrived: a checkpoint saved after it may still come, and the last result carries ``done``.
+
+A reported ``training_iteration`` key would overwrite Tune's own count (and the iteration a
+restored trial counts on from): it reaches Tune as ``reported_training_iteration``.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Dict, List, Optional
+from typing import Any, Callable, ClassVar, Dict, List, Optional, Tuple
 
 from ray import tune
 from ray.tune.execution.placement_groups import PlacementGroupFactory
-from ray.tune.result import DONE, SHOULD_CHECKPOINT
+from ray.tune.result import DONE, SHOULD_CHECKPOINT, TRAINING_ITERATION
 
 import sgd
 from sgd.checkpoint import METADATA_FILE
@@ -90,10 +96,12 @@ class SgdTrainable(tune.Trainable):
     def _reset_trial_state(self) -> None:
         """Everything that belongs to one trial (and must not reach the next on this actor)."""
         self._iterator: Any = None
-        self._pending: Optional[Dict[str, Any]] = None  # rank 0's last round, not yet given to Tune
-        self._pending_checkpoint = False  # a checkpoint arrived before the first report
-        self._newest_seen: Optional[Path] = None
+        # Rank 0's last round, not yet given to Tune (its checkpoint may still come), with its
+        # sgd iteration and, when its checkpoint is already known, a copy of it kept safe.
+        self._pending: Optional[Tuple[Dict[str, Any], int, Optional[Path]]] = None
+        self._to_save: Optional[Path] = None  # the checkpoint of the result Tune got last
         self._checkpoint_dir: Optional[Path] = None  # this trial's sgd run's checkpoints
+        self._warned_iteration_key = False
         self._restored_state: Optional[dict] = None
         self._restored_dir: Optional[Path] = None
         self._error: Optional[BaseException] = None  # raised by the step after the last result
@@ -114,24 +122,25 @@ class SgdTrainable(tune.Trainable):
             # Hand Tune the round (and checkpoint) that preceded the failure first, so a
             # retry (max_failures) resumes from the newest checkpoint; fail on the next step.
             self._error = exc
-            result = dict(self._pending, **{SHOULD_CHECKPOINT: self._saw_new_checkpoint() or self._pending_checkpoint})
-            self._pending, self._pending_checkpoint = None, False
-            return result
+            return self._hand_pending()
 
     def save_checkpoint(self, checkpoint_dir: str) -> None:
-        source = self._newest_checkpoint() or self._restored_dir
-        if source is None:
+        source, self._to_save = self._to_save, None
+        if source is None:  # asked by Tune itself (checkpoint_frequency, a pause): the newest
+            source = self._newest_checkpoint() or self._restored_dir
+        if source is None or not source.is_dir():
             # Asked by Tune (checkpoint_frequency, pause) before the training function saved anything.
             logger.warning("trial %s: no sgd checkpoint to save yet; the Tune checkpoint is empty", self.trial_id)
             return None
         shutil.copytree(source, checkpoint_dir, dirs_exist_ok=True)
+        if source.parent == self._kept_dir():
+            shutil.rmtree(source, ignore_errors=True)
         return None
 
     def load_checkpoint(self, checkpoint: Any) -> None:
         if self._iterator is not None:  # restored into a running trial: start the run over
             self._stop_run()
-            self._iterator, self._pending, self._pending_checkpoint = None, None, False
-            self._newest_seen = self._checkpoint_dir = None
+            self._iterator, self._pending, self._to_save, self._checkpoint_dir = None, None, None, None
         path = Path(checkpoint) if isinstance(checkpoint, (str, Path)) else None
         if path is None or not (path / METADATA_FILE).exists():
             logger.warning("trial %s: Tune checkpoint %s holds no sgd checkpoint; starting from scratch",
@@ -193,40 +202,65 @@ class SgdTrainable(tune.Trainable):
             checkpoint=self._restored_state,
         )
         self._checkpoint_dir = trainer.latest_checkpoint_dir
-        self._newest_seen = None
+        shutil.rmtree(self._kept_dir(), ignore_errors=True)
 
     def _next_result(self) -> Dict[str, Any]:
+        """The next result for Tune: one report round, with its checkpoint (see the module docstring)."""
         while True:
             try:
                 results = next(self._iterator)
             except StopIteration:
                 # The workers stay up: a reused actor runs the next trial on them; cleanup()
                 # shuts them down otherwise.
-                new = self._saw_new_checkpoint()
                 if self._pending is None:
-                    return {DONE: True, SHOULD_CHECKPOINT: new}
-                result = dict(self._pending, **{DONE: True, SHOULD_CHECKPOINT: new or self._pending_checkpoint})
-                self._pending = None
-                return result
-            new = self._saw_new_checkpoint()
-            current = dict(results[0])
-            if self._pending is None:
-                # A checkpoint saved before the first report goes with the first report.
-                self._pending, self._pending_checkpoint = current, new
-                continue
-            result = dict(self._pending, **{SHOULD_CHECKPOINT: new or self._pending_checkpoint})
-            self._pending, self._pending_checkpoint = current, False
-            return result
+                    return {DONE: True, SHOULD_CHECKPOINT: False}
+                return dict(self._hand_pending(), **{DONE: True})
+            current = self._for_tune(results[0])
+            iteration = int(results[0].get("_training_iteration", 0))
+            known = self._iterator.checkpoint_for(iteration)  # paired in the report, or saved before it
+            # One round held back: its checkpoint may still come (saved after the report), and
+            # the end of the run is marked on the last result, not on one of its own. A
+            # checkpoint already here is kept safe from sgd's retention meanwhile.
+            out = self._hand_pending() if self._pending is not None else None
+            self._pending = (current, iteration, self._keep(known, iteration) if known else None)
+            if out is not None:
+                return out
+
+    def _hand_pending(self) -> Dict[str, Any]:
+        assert self._pending is not None
+        result, iteration, kept = self._pending
+        self._pending = None
+        checkpoint = kept or (self._iterator.checkpoint_for(iteration) if self._iterator is not None else None)
+        self._to_save = checkpoint
+        return dict(result, **{SHOULD_CHECKPOINT: checkpoint is not None})
+
+    def _for_tune(self, result: Dict[str, Any]) -> Dict[str, Any]:
+        out = dict(result)
+        if TRAINING_ITERATION in out:
+            out["reported_training_iteration"] = out.pop(TRAINING_ITERATION)
+            if not self._warned_iteration_key:
+                self._warned_iteration_key = True
+                logger.warning("trial %s: the reported metric %r is Tune's own count of results; it reaches Tune as "
+                               "'reported_training_iteration'", self.trial_id, TRAINING_ITERATION)
+        return out
+
+    def _kept_dir(self) -> Path:
+        return Path(self.logdir) / "sgd_checkpoints_for_tune"
+
+    def _keep(self, checkpoint: Path, iteration: int) -> Path:
+        """A copy of ``checkpoint`` (hard links: no bytes copied) that sgd's retention cannot
+        remove before Tune asks for it."""
+        target = self._kept_dir() / f"iteration_{iteration:06d}"
+        shutil.rmtree(target, ignore_errors=True)
+        try:
+            shutil.copytree(checkpoint, target, copy_function=os.link)
+        except OSError:  # another filesystem
+            shutil.rmtree(target, ignore_errors=True)
+            shutil.copytree(checkpoint, target)
+        return target
 
     def _newest_checkpoint(self) -> Optional[Path]:
         return newest_checkpoint(self._checkpoint_dir)
-
-    def _saw_new_checkpoint(self) -> bool:
-        newest = self._newest_checkpoint()
-        if newest is None or newest == self._newest_seen:
-            return False
-        self._newest_seen = newest
-        return True
 
     def _stop_run(self) -> None:
         """End a run still going (Tune stopped or paused the trial) as ``STOPPED``."""

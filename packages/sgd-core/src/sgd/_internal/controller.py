@@ -144,6 +144,12 @@ class ActiveRun:
         self._hook = controller.executor.hook
         self._shards: Dict[int, Optional[List[Any]]] = {}
         self._delivered_iteration = spec.run_dir.last_iteration()
+        self._manager.delivered_iteration = self._delivered_iteration
+        # The report the workers' stream is at (replayed ones after a restart included), and
+        # whether this run saves its checkpoints before the report they go with: decided by
+        # its first checkpoint (saved before any report: yes). See _file_under.
+        self._position = 0
+        self._save_then_report: Optional[bool] = None
         self._run_info = dict(spec.run_info, callbacks=list(spec.callbacks))
         self._rounds: Optional[RoundCollector] = None
         # Host health between rounds: the next check (monotonic), the drain being acted on,
@@ -215,6 +221,7 @@ class ActiveRun:
             self._manager.checkpoint_dir.mkdir(parents=True, exist_ok=True)
             direct = DirectWrite(str(self._manager.checkpoint_dir), self._manager.codec,
                                  self._manager.strategy.checkpoint_score_attribute)
+        self._position = start_iteration
         rounds = executor.start_training(spec.train_func, checkpoint, shards, start_iteration, direct,
                                          self._worker_run_info(group))
         rounds.tick = self._check_hosts
@@ -266,7 +273,7 @@ class ActiveRun:
         made = next(iter(self._shards.values()), None)
         if not shards_survive_restart(self._spec.dataset, self._spec.dataset_config, made):
             self._shards = {}
-        state = self._manager.latest()
+        state = self._manager.restorable()
         if state is not None:
             self._rounds = self._start(state, self._manager.latest_iteration)
         else:
@@ -434,22 +441,26 @@ class ActiveRun:
             state = round_.saved_state
             if isinstance(state, DirectCheckpoint) and state.pending:
                 # Written in the background: committed once its metadata appears (in order).
-                self._pending.append((state, self._delivered_iteration))
+                self._pending.append((state, self._file_under()))
                 self._commit_pending()
                 return None
             if isinstance(state, DirectCheckpoint):
-                manager.register_written(Path(state.path), state.score_values, self._delivered_iteration)
+                manager.register_written(Path(state.path), state.score_values, self._file_under())
             else:
-                manager.register(self._executor.decode_checkpoint(state), self._delivered_iteration)
+                manager.register(self._executor.decode_checkpoint(state), self._file_under())
             self._after_checkpoint()
             return None
         iteration = round_.iteration
+        self._position = iteration
+        if self._save_then_report is None:
+            self._save_then_report = False
         if iteration <= self._delivered_iteration:
             _discard(round_.checkpoints)
             return None  # replayed after a restart: callbacks already have it
         self._delivered_iteration = iteration
         results = round_.results
         self._spec.run_dir.append_line(round_.json_line())
+        manager.delivered(iteration)
         if round_.has_reported_checkpoint:
             # After the results line: a driver that dies in between resumes from an older
             # checkpoint and replays (de-duplicated), never skips, this round.
@@ -462,6 +473,20 @@ class ActiveRun:
         # The plugins' implementations, then sgd-core's, which hands the round to the callbacks.
         self._hook.sgd_handle_result(results=results, run_info=self._run_info)
         return results
+
+    def checkpoint_for(self, iteration: int) -> Optional[Path]:
+        """The kept checkpoint filed under report ``iteration`` (see :meth:`_file_under`)."""
+        return self._manager.checkpoint_for(iteration)
+
+    def _file_under(self) -> int:
+        """The report a checkpoint saved now goes with (what Tune files it under, what a restart
+        from it counts on from). ``sgd.report(metrics, checkpoint=...)`` says it; a separate
+        ``save_checkpoint`` goes with the report before it, or, in a run whose first checkpoint
+        came before its first report (save, then report), with the report after it. That one
+        is restored from only once its report is delivered."""
+        if self._save_then_report is None:
+            self._save_then_report = True
+        return self._position + (1 if self._save_then_report else 0)
 
     def _commit_pending(self, final: bool = False) -> None:
         """Commit the asynchronously written checkpoints whose metadata file appeared, oldest

@@ -31,8 +31,10 @@ POLL_BATCH = 4096
 PREFETCH_BELOW = 4096
 #: The driver waits for workers in slices this long (seconds), so that signals get through.
 WAIT_SLICE_S = 1.0
-#: After a worker error, how long to collect the reports other workers had already made.
-ERROR_DRAIN_S = 1.0
+#: After a worker error, the reports the other workers had made before it are still collected
+#: (every round they complete is delivered) while they keep sending some: the driver gives up
+#: once none came for this long (a worker blocked in a collective with the failed one).
+ERROR_DRAIN_S = float(os.environ.get("SGD_ERROR_DRAIN_S", "5"))
 #: An error that reads like a peer's death (its collective lost the connection) is held this
 #: long while the driver watches for the death itself, which restarts the group instead.
 PEER_FAILURE_GRACE_S = float(os.environ.get("SGD_PEER_FAILURE_GRACE_S", "10"))
@@ -217,7 +219,10 @@ class RoundCollector:
             ready = self._wait(timeout)
         if not ready:
             self._raise_error()
+        before = sum(map(len, self._pending))
         self._receive(ready)
+        if sum(map(len, self._pending)) > before:  # progress: a slow peer is still reporting
+            self._drain_deadline = time.monotonic() + ERROR_DRAIN_S
 
     def _check_watch(self, ref: Any) -> None:
         """A watch call returned: fine if the worker's run ended, a death otherwise. A start

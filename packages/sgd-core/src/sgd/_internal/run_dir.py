@@ -101,5 +101,5 @@ class RunDirectory:
         Loading follows :attr:`trusted` (``None``: the ``SGD_TRUST_CHECKPOINTS`` switch).
         """
 
-        state, iteration, _ = newest_loadable(self.checkpoint_dir, self.trusted)
+        state, iteration, _ = newest_loadable(self.checkpoint_dir, self.trusted, max_iteration=self.last_iteration())
         return state, iteration

@@ -326,16 +326,32 @@ def _read_dict(directory: Path, trusted: bool, where: str) -> Dict[str, Any]:
     return {"_directory_files": files}
 
 
-def newest_loadable(checkpoint_dir: Path, trusted: Optional[bool] = None
+def _filed_under(path: Path) -> int:
+    """The report a checkpoint is filed under, from its metadata (0 when unreadable)."""
+    try:
+        return int(json.loads((path / METADATA_FILE).read_text()).get("iteration") or 0)
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 0
+
+
+def newest_loadable(checkpoint_dir: Path, trusted: Optional[bool] = None, max_iteration: Optional[int] = None
                     ) -> Tuple[Optional[Dict[str, Any]], int, Optional[Path]]:
     """The state, iteration and path of the newest checkpoint that verifies and decodes.
 
-    Each newer one that does not is skipped with a warning naming it.
+    Each newer one that does not is skipped with a warning naming it. With ``max_iteration``
+    (the last report delivered), one filed under a later report (saved before a report that
+    was never delivered) is passed over for an earlier one, when there is one.
 
     :raises CheckpointIntegrityError: there are checkpoints and none of them verifies.
     :raises UntrustedCheckpointError: the newest good one needs pickle and the caller did not opt in.
     """
     found = integrity.checkpoint_dirs(checkpoint_dir)
+    if max_iteration is not None:
+        earlier = [(i, p) for i, p in found if _filed_under(p) <= max_iteration]
+        if earlier and len(earlier) < len(found):
+            logger.info("resuming from %s: the newer checkpoints go with reports that were not delivered",
+                        earlier[-1][1])
+            found = earlier
     problems = []
     for _, path in reversed(found):
         try:

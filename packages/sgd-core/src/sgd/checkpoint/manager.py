@@ -75,6 +75,10 @@ class CheckpointManager:
         self.latest_id = start_id
         self.latest_state: Optional[Dict[str, Any]] = None
         self.latest_iteration = 0
+        #: The last report the driver delivered: a checkpoint filed under a later report (saved
+        #: before it, "save then report") is not restored from, nor does it push out of the
+        #: retention the newest one that is, until that report is delivered.
+        self.delivered_iteration: Optional[int] = None
         self._kept: List[_Kept] = []
         self.remove_temporary()
         if start_id:
@@ -216,9 +220,46 @@ class CheckpointManager:
                 self._load_newest_verified()
         return self.latest_state
 
-    def _load_newest_verified(self) -> None:
+    def restorable(self) -> Optional[Dict[str, Any]]:
+        """What a restart resumes from: :meth:`latest`, unless it is filed under a report not
+        yet delivered (saved before that report, which the failure cut off); then the newest
+        kept one filed under a delivered report, whose steps after it are redone and reported.
+        :attr:`latest_state` and :attr:`latest_iteration` follow it."""
+        done = self.delivered_iteration
+        if done is None or self.latest_iteration <= done:
+            return self.latest()
+        candidates = [c for c in self._kept if c.iteration <= done]
+        if not candidates:  # none kept on disk (num_to_keep=0): its progress beats a redone report
+            logger.warning("the newest checkpoint goes with report %d, which the failure cut off, and no earlier "
+                           "one is kept: resuming from it; that report is not delivered", self.latest_iteration)
+            return self.latest()
+        logger.info("the newest checkpoint goes with report %d, which the failure cut off; resuming from the one "
+                    "before it and redoing the steps after that", self.latest_iteration)
+        self.latest_state, self.latest_iteration = None, 0
+        self._load_newest_verified(candidates)
+        return self.latest_state
 
-        for kept in sorted(self._kept, key=lambda c: c.checkpoint_id, reverse=True):
+    def _newest_restorable(self) -> Optional[_Kept]:
+        done = self.delivered_iteration
+        candidates = [c for c in self._kept if done is None or c.iteration <= done]
+        return max(candidates, key=lambda c: c.checkpoint_id, default=None)
+
+    def delivered(self, iteration: int) -> None:
+        """Report ``iteration`` was delivered; a checkpoint filed under it is now restorable
+        (and the one it replaces may leave the retention)."""
+        waiting = self.delivered_iteration is not None and self.delivered_iteration < self.latest_iteration
+        self.delivered_iteration = iteration
+        if waiting and iteration >= self.latest_iteration:
+            self._prune()
+
+    def checkpoint_for(self, iteration: int) -> Optional[Path]:
+        """The kept checkpoint filed under report ``iteration`` (the newest, if several), or ``None``."""
+        found = [c for c in self._kept if c.iteration == iteration]
+        return max(found, key=lambda c: c.checkpoint_id).path if found else None
+
+    def _load_newest_verified(self, among: Optional[List[_Kept]] = None) -> None:
+
+        for kept in sorted(self._kept if among is None else among, key=lambda c: c.checkpoint_id, reverse=True):
             # What this driver wrote in this run is trusted as long as its files are
             # still the ones it recorded; checkpoints found on disk follow the caller's switch.
             ours = kept.files is not None and _recorded_files(kept.path) == kept.files
@@ -271,6 +312,9 @@ class CheckpointManager:
             return
         ranked = sorted(self._kept, key=lambda c: (c.score, c.checkpoint_id), reverse=True)
         keep = {c.checkpoint_id for c in ranked[:k]} | {self.latest_id}
+        restorable = self._newest_restorable()
+        if restorable is not None:
+            keep.add(restorable.checkpoint_id)
         for c in list(self._kept):
             if c.checkpoint_id not in keep:
                 shutil.rmtree(c.path, ignore_errors=True)

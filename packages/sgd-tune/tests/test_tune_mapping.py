@@ -1,0 +1,87 @@
+"""Rank 0's reports and checkpoints map 1:1 onto Tune's results and checkpoints, across retries.
+
+Ray Train 1.12's ``test_tune.py::test_retry`` pattern (save, then report; a user-reported
+``training_iteration``; one failure at i=2; ``max_failures=3``) and the same with the other
+order and with the explicit pairing ``sgd.report(metrics, checkpoint=...)``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from ray import tune
+
+import sgd
+
+STEPS = 4
+
+
+def _ray_112_retry(config):
+    """Ray 1.12's test_retry training function, as it was written there (sgd names)."""
+    ckpt = sgd.load_checkpoint()
+    restored = bool(ckpt)
+    itr = 0
+    if ckpt:
+        itr = ckpt["iter"] + 1
+    for i in range(itr, STEPS):
+        if i == 2 and not restored and not os.path.exists(config["marker"]):
+            open(config["marker"], "w").close()
+            raise Exception("try to fail me")
+        sgd.save_checkpoint(iter=i)
+        sgd.report(test=i, training_iteration=i)
+
+
+def _report_then_save(config):
+    ckpt = sgd.load_checkpoint()
+    start = ckpt["iter"] + 1 if ckpt else 0
+    for i in range(start, STEPS):
+        if i == config["fail_at"] and not os.path.exists(config["marker"]):
+            open(config["marker"], "w").close()
+            raise Exception("try to fail me")
+        sgd.report(test=i, resumed=start)
+        sgd.save_checkpoint(iter=i)
+
+
+def _explicit(config):
+    ckpt = sgd.get_checkpoint()
+    start = ckpt.to_dict()["iter"] + 1 if ckpt else 0
+    for i in range(start, STEPS):
+        if i == config["fail_at"] and not os.path.exists(config["marker"]):
+            open(config["marker"], "w").close()
+            raise Exception("try to fail me")
+        sgd.report({"test": i, "resumed": start}, checkpoint=sgd.Checkpoint.from_dict({"iter": i}))
+
+
+def _fit(func, config, storage_path, name, workers=1):
+    trainer = sgd.Trainer(backend=sgd.BackendConfig(), num_workers=workers)
+    (result,) = tune.Tuner(
+        trainer.to_tune_trainable(func), param_space=config,
+        run_config=tune.RunConfig(storage_path=storage_path, name=name, verbose=0,
+                                  failure_config=tune.FailureConfig(max_failures=3)),
+    ).fit()
+    assert result.error is None, result.error
+    return result
+
+
+def test_ray_112_test_retry_keeps_every_row_and_counts_on(ray_cluster, storage_path, tmp_path):
+    result = _fit(_ray_112_retry, {"marker": str(tmp_path / "failed")}, storage_path, "retry")
+    assert (tmp_path / "failed").exists()
+    df = result.metrics_dataframe
+    assert list(df["test"]) == [0, 1, 2, 3]
+    assert list(df["training_iteration"]) == [1, 2, 3, 4]  # Tune's count, not the reported key
+    assert list(df["reported_training_iteration"]) == [0, 1, 2, 3]  # the user's, kept
+    assert sgd.Trainer.load_checkpoint_from_path(result.checkpoint.path)["iter"] == 3
+
+
+@pytest.mark.parametrize("func", [_report_then_save, _explicit], ids=["report-then-save", "explicit"])
+@pytest.mark.parametrize("fail_at", [1, 3])
+def test_either_order_maps_each_checkpoint_to_its_result(ray_cluster, storage_path, tmp_path, func, fail_at):
+    result = _fit(func, {"marker": str(tmp_path / "failed"), "fail_at": fail_at}, storage_path, "order")
+    assert (tmp_path / "failed").exists()
+    df = result.metrics_dataframe
+    assert list(df["test"]) == [0, 1, 2, 3]
+    assert list(df["training_iteration"]) == [1, 2, 3, 4]
+    # The retry resumed from the checkpoint filed under the last result before the failure.
+    assert list(df["resumed"]) == [0] * fail_at + [fail_at] * (STEPS - fail_at)
+    assert sgd.Trainer.load_checkpoint_from_path(result.checkpoint.path)["iter"] == 3
