@@ -156,3 +156,21 @@ def eval_step(line):
     import json
 
     return json.loads(line)[0]["step"]
+
+
+@pytest.mark.parametrize("order,step,phase", [("save_then_report", 1, 1), ("report_then_save", 2, 1),
+                                              ("explicit", 2, 0)])
+def test_fit_recovers_with_the_same_rows_as_a_run_that_did_not_fail(ray_cluster, tmp_path, order, step, phase):
+    """The AIR path (``DataParallelTrainer(...).fit()`` with ``FailureConfig(max_failures=...)``)."""
+    from sgd.air import DataParallelTrainer, FailureConfig, RunConfig, ScalingConfig
+
+    marker = str(tmp_path / "failed_once")
+    result = DataParallelTrainer(
+        _train, train_loop_config={"order": order, "step": step, "phase": phase, "rank": 1, "marker": marker},
+        backend_config=sgd.BackendConfig(), scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(storage_path=str(tmp_path / "results"), failure_config=FailureConfig(max_failures=2)),
+    ).fit()
+    assert os.path.exists(marker)
+    df = result.metrics_dataframe
+    assert list(df["step"]) == list(range(STEPS))
+    assert list(df["_training_iteration"]) == list(range(1, STEPS + 1))

@@ -85,3 +85,26 @@ def test_either_order_maps_each_checkpoint_to_its_result(ray_cluster, storage_pa
     # The retry resumed from the checkpoint filed under the last result before the failure.
     assert list(df["resumed"]) == [0] * fail_at + [fail_at] * (STEPS - fail_at)
     assert sgd.Trainer.load_checkpoint_from_path(result.checkpoint.path)["iter"] == 3
+
+
+def _only_checkpoints(config):
+    for i in range(2):
+        sgd.save_checkpoint(iter=i)
+
+
+def _saves_after_its_last_report(config):
+    for i in range(STEPS):
+        sgd.save_checkpoint(iter=i)
+        sgd.report(test=i)
+    sgd.save_checkpoint(iter=STEPS)  # goes with no report
+
+
+def test_a_checkpoint_without_a_report_still_reaches_tune(ray_cluster, storage_path):
+    result = _fit(_only_checkpoints, {}, storage_path, "no_reports")
+    assert sgd.Trainer.load_checkpoint_from_path(result.checkpoint.path) == {"iter": 1}
+
+    result = _fit(_saves_after_its_last_report, {}, storage_path, "trailing")
+    df = result.metrics_dataframe
+    # Every report is a row with its own checkpoint; the last checkpoint on a result of its own.
+    assert list(df["test"].dropna()) == [0, 1, 2, 3] and len(df) == STEPS + 1
+    assert sgd.Trainer.load_checkpoint_from_path(result.checkpoint.path) == {"iter": STEPS}

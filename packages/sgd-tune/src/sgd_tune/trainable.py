@@ -100,6 +100,7 @@ class SgdTrainable(tune.Trainable):
         # sgd iteration and, when its checkpoint is already known, a copy of it kept safe.
         self._pending: Optional[Tuple[Dict[str, Any], int, Optional[Path]]] = None
         self._to_save: Optional[Path] = None  # the checkpoint of the result Tune got last
+        self._handed: set = set()  # names of the sgd checkpoints Tune got
         self._checkpoint_dir: Optional[Path] = None  # this trial's sgd run's checkpoints
         self._warned_iteration_key = False
         self._restored_state: Optional[dict] = None
@@ -212,9 +213,7 @@ class SgdTrainable(tune.Trainable):
             except StopIteration:
                 # The workers stay up: a reused actor runs the next trial on them; cleanup()
                 # shuts them down otherwise.
-                if self._pending is None:
-                    return {DONE: True, SHOULD_CHECKPOINT: False}
-                return dict(self._hand_pending(), **{DONE: True})
+                return self._final_result()
             current = self._for_tune(results[0])
             iteration = int(results[0].get("_training_iteration", 0))
             known = self._iterator.checkpoint_for(iteration)  # paired in the report, or saved before it
@@ -222,15 +221,40 @@ class SgdTrainable(tune.Trainable):
             # the end of the run is marked on the last result, not on one of its own. A
             # checkpoint already here is kept safe from sgd's retention meanwhile.
             out = self._hand_pending() if self._pending is not None else None
+            if known is not None:
+                self._handed.add(known.name)
             self._pending = (current, iteration, self._keep(known, iteration) if known else None)
             if out is not None:
                 return out
+
+    def _final_result(self) -> Dict[str, Any]:
+        """The end of the run: the last report, marked ``done``. A checkpoint that goes with no
+        report (saved after the last one in a run that saves before reporting, or in a run that
+        never reports) reaches Tune with it, or, when that report has a checkpoint of its own,
+        on one more result of its own (``done``, no metrics)."""
+        newest = self._newest_checkpoint()
+        trailing = newest if newest is not None and newest.name not in self._handed else None
+        if self._pending is None:
+            if trailing is not None:
+                self._handed.add(trailing.name)
+            self._to_save = trailing
+            return {DONE: True, SHOULD_CHECKPOINT: trailing is not None}
+        out = self._hand_pending()
+        if trailing is None:
+            return dict(out, **{DONE: True})
+        if not out[SHOULD_CHECKPOINT]:
+            self._handed.add(trailing.name)
+            self._to_save = trailing
+            return dict(out, **{DONE: True, SHOULD_CHECKPOINT: True})
+        return out  # not done yet: the next step() hands the trailing checkpoint
 
     def _hand_pending(self) -> Dict[str, Any]:
         assert self._pending is not None
         result, iteration, kept = self._pending
         self._pending = None
         checkpoint = kept or (self._iterator.checkpoint_for(iteration) if self._iterator is not None else None)
+        if checkpoint is not None and kept is None:
+            self._handed.add(checkpoint.name)
         self._to_save = checkpoint
         return dict(result, **{SHOULD_CHECKPOINT: checkpoint is not None})
 
