@@ -99,10 +99,14 @@ class FailureConfig:
     :param placement_timeout_s: how long a (re)start waits for room for the workers (after a
         host is lost: for it or another to come back) before it fails; ``None``: 120 s
         (``SGD_PLACEMENT_TIMEOUT_S``). See :class:`sgd.Trainer`.
+    :param hang_timeout_s: no worker sent anything for this long: log every worker's stack and
+        the stragglers, and fail the run (retried as a worker failure). ``None``:
+        ``SGD_HANG_TIMEOUT_S`` (unset: never). See :class:`sgd.Trainer`.
     """
 
     max_failures: int = 0
     placement_timeout_s: Optional[float] = None
+    hang_timeout_s: Optional[float] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_failures, int) or isinstance(self.max_failures, bool) or self.max_failures < -1:
@@ -110,6 +114,9 @@ class FailureConfig:
         t = self.placement_timeout_s
         if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not t >= 0):
             raise ValueError(f"placement_timeout_s must be a number of seconds >= 0 or None, got {t!r}")
+        h = self.hang_timeout_s
+        if h is not None and (isinstance(h, bool) or not isinstance(h, (int, float)) or not h > 0):
+            raise ValueError(f"hang_timeout_s must be a number of seconds > 0 or None, got {h!r}")
 
 
 @dataclass
@@ -325,6 +332,8 @@ class DataParallelTrainer:
             trainer.max_retries = failures
             if failure_config.placement_timeout_s is not None:
                 trainer.placement_timeout_s = float(failure_config.placement_timeout_s)
+            if failure_config.hang_timeout_s is not None:
+                trainer.hang_timeout_s = float(failure_config.hang_timeout_s)
             return trainer
         logdir, mirror = self._experiment_dir()
         return Trainer(
@@ -337,6 +346,7 @@ class DataParallelTrainer:
             storage_path=mirror,
             placement_strategy=sc.placement_strategy,
             placement_timeout_s=failure_config.placement_timeout_s,
+            hang_timeout_s=failure_config.hang_timeout_s,
         )
 
     def fit(self) -> Result:

@@ -10,7 +10,7 @@ A user exception on a worker is re-raised with its own type, and its ``__cause__
 from __future__ import annotations
 
 import pickle
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 __all__ = [
     "PicklableError",
@@ -84,6 +84,23 @@ class WorkerDiedError(TrainingFailedError):
     def __init__(self, message: str, world_rank: int):
         super().__init__(message)
         self.world_rank = world_rank
+
+
+class TrainingHangError(WorkerDiedError):
+    """No worker sent anything for ``hang_timeout_s`` (``SGD_HANG_TIMEOUT_S``): the run is hung.
+
+    Retried like a worker death (``max_retries``): the restart stops the workers, killing those
+    stuck outside sgd (in a collective, say).
+
+    :param stragglers: the ranks that are not where the others are (behind in reports, or in
+        another place of the training function), most likely the cause.
+    :param stacks: every worker's Python stacks when the hang was declared, in rank order.
+    """
+
+    def __init__(self, message: str, stragglers: List[int], stacks: List[str]):
+        super().__init__(message, stragglers[0] if stragglers else -1)
+        self.stragglers = list(stragglers)
+        self.stacks = list(stacks)
 
 
 class WorkerError(PicklableError, RuntimeError):

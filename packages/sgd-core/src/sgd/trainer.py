@@ -11,7 +11,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from sgd._internal.backend_executor import BackendExecutor
 from sgd._internal.controller import ActiveRun, RunController, RunSpec
+from sgd._internal.local import LocalController, check_local
 from sgd._internal.run_dir import RunDirectory
+from sgd._worker.stacks import thread_stacks
 from sgd.backend import BackendConfig
 from sgd.callbacks import TrainingCallback
 from sgd.checkpoint import Checkpoint, CheckpointStrategy
@@ -48,6 +50,18 @@ def _resolve_backend(backend: Any) -> BackendConfig:
     )
 
 
+def _seconds_or_none(value: Any, name: str) -> Optional[float]:
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = -1.0
+    if isinstance(value, bool) or not seconds > 0:
+        raise ValueError(f"{name} must be a number of seconds > 0 or None, got {value!r}")
+    return seconds
+
+
 class Trainer:
     """Runs a training function on ``num_workers`` Ray actors with ``backend`` set up.
 
@@ -65,6 +79,11 @@ class Trainer:
         cluster to have room for them (after a host is lost: for it, or another, to come back),
         logging what is missing and where, before it fails with
         :class:`~sgd.ResourcesUnavailableError`. ``None``: ``SGD_PLACEMENT_TIMEOUT_S`` (120 s).
+    :param hang_timeout_s: when no worker sends anything (a report, a checkpoint, its end) for
+        this long, the run is taken as hung: every worker's stack is logged with the ranks
+        that are not where the others are (the stragglers), and the run fails with
+        :class:`~sgd.TrainingHangError`, which ``max_retries`` restarts like a worker death.
+        ``None``: ``SGD_HANG_TIMEOUT_S`` (unset: never). Set it well above a step's time.
     :param plugins: plugin objects (modules or instances with ``@sgd.hookimpl`` functions)
         that only this trainer's hooks call, beside the installed plugins; nothing is
         registered process-wide. ``sgd run`` passes its launcher plugin this way.
@@ -83,6 +102,7 @@ class Trainer:
         placement_strategy: str = "PACK",
         placement_timeout_s: Optional[float] = None,
         plugins: Optional[Sequence[object]] = None,
+        hang_timeout_s: Optional[float] = None,
     ):
         if placement_timeout_s is not None and (
             isinstance(placement_timeout_s, bool) or not isinstance(placement_timeout_s, (int, float))
@@ -91,6 +111,7 @@ class Trainer:
             raise ValueError(
                 f"placement_timeout_s must be a number of seconds >= 0 or None, got {placement_timeout_s!r}")
         self.placement_timeout_s = None if placement_timeout_s is None else float(placement_timeout_s)
+        self.hang_timeout_s = _seconds_or_none(hang_timeout_s, "hang_timeout_s")
         self._min_workers, self._max_workers = resolve_num_workers(num_workers)
 
         if placement_strategy not in PLACEMENT_STRATEGIES:
@@ -100,6 +121,8 @@ class Trainer:
         self._backend_config = _resolve_backend(backend)
         self._use_gpu = bool(use_gpu)
         self._resources = resolve_resources(self._use_gpu, resources_per_worker)
+        if self._max_workers == 0:
+            check_local(self._use_gpu, self._backend_config)
         if not isinstance(max_retries, int) or max_retries < -1:
             raise ValueError(f"max_retries must be an int >= -1 (-1: unlimited), got {max_retries!r}")
         self.max_retries = max_retries
@@ -166,6 +189,7 @@ class Trainer:
             "storage_path": self.storage_path,
             "placement_strategy": self.placement_strategy,
             "placement_timeout_s": self.placement_timeout_s,
+            "hang_timeout_s": self.hang_timeout_s,
         }
 
     @property
@@ -239,6 +263,7 @@ class Trainer:
             storage_path=settings.get("storage_path"),
             placement_strategy=settings.get("placement_strategy", "PACK"),
             placement_timeout_s=settings.get("placement_timeout_s"),
+            hang_timeout_s=settings.get("hang_timeout_s"),
         )
         trainer._resume_run = run
         return trainer
@@ -249,10 +274,17 @@ class Trainer:
         # A plugin manager per started group: the installed plugins as they are now, plus this
         # trainer's own (pytest keeps one per session; nothing is registered process-wide).
         hook = plugin_manager_for(self.plugins).hook
+        if self._max_workers == 0:  # local mode: the function in this process
+            return LocalController(self._backend_config, hook)  # type: ignore[return-value]
         executor = BackendExecutor(self._backend_config, self._max_workers, self._resources,
                                    min_workers=self._min_workers, placement_strategy=self.placement_strategy,
                                    placement_timeout_s=self.placement_timeout_s, hook=hook)
-        return RunController(executor, self.max_retries)
+        return RunController(executor, self.max_retries, hang_timeout_s=self._hang_timeout())
+
+    def _hang_timeout(self) -> Optional[float]:
+        if self.hang_timeout_s is not None:
+            return self.hang_timeout_s
+        return _seconds_or_none(os.environ.get("SGD_HANG_TIMEOUT_S") or None, "SGD_HANG_TIMEOUT_S")
 
     def _settings_json(self) -> Dict[str, Any]:
         """:meth:`settings` as ``trainer.json`` keeps them (what :meth:`restore` reads)."""
@@ -283,6 +315,28 @@ class Trainer:
         controller, self._controller = self._controller, None
         if controller is not None:
             controller.shutdown()
+
+    def stacks(self, timeout_s: float = 10.0, include_idle: bool = False) -> List[str]:
+        """Where every worker is: the Python stack of each of its threads, one string per
+        worker in rank order, taken while the training function runs (each worker answers
+        from a thread of its own; the training thread comes first).
+
+        Call it from another thread while ``run`` blocks, between rounds of ``run_iterator``,
+        or after a run; ``sgd stacks`` does the same from another terminal. Threads of Ray's
+        that only wait are left out unless ``include_idle``.
+
+        :param timeout_s: how long to wait for each worker; one that does not answer (its
+            process frozen in C code, or gone) gets a line saying so.
+        :raises RuntimeError: the trainer is not started.
+        """
+        controller = self._controller
+        if isinstance(controller, LocalController):
+            return [thread_stacks(0, include_idle)]  # this process: the training thread is one of its own
+        group = controller.executor.worker_group if controller is not None else None
+        if group is None:
+            raise RuntimeError("Trainer.stacks() needs started workers: call trainer.start() first "
+                               "(or it was shut down)")
+        return group.stacks(timeout_s, include_idle)
 
     def __enter__(self) -> Trainer:
         return self

@@ -105,9 +105,10 @@ def results_root() -> Path:
 
 
 def resolve_num_workers(num_workers: Any) -> Tuple[int, int]:
-    """``(min, max)`` workers from ``num_workers`` (a positive int, or a ``(min, max)`` tuple).
+    """``(min, max)`` workers from ``num_workers`` (a positive int, or a ``(min, max)`` tuple;
+    ``0``: local mode, the training function in the driver's process).
 
-    :raises ValueError: not a positive int, or not ``0 < min <= max``.
+    :raises ValueError: not an int >= 0, or not ``0 < min <= max``.
     """
     def ok(n: Any) -> bool:
         return isinstance(n, int) and not isinstance(n, bool) and n > 0
@@ -116,8 +117,11 @@ def resolve_num_workers(num_workers: Any) -> Tuple[int, int]:
         if len(num_workers) != 2 or not all(ok(n) for n in num_workers) or num_workers[0] > num_workers[1]:
             raise ValueError(f"num_workers as a tuple must be (min, max) with 0 < min <= max, got {num_workers!r}")
         return num_workers
+    if num_workers == 0 and isinstance(num_workers, int) and not isinstance(num_workers, bool):
+        return 0, 0
     if not ok(num_workers):
-        raise ValueError(f"num_workers must be a positive int or a (min, max) tuple, got {num_workers!r}")
+        raise ValueError(f"num_workers must be a positive int (or 0: local mode, in this process) or a (min, max) "
+                         f"tuple, got {num_workers!r}")
     return num_workers, num_workers
 
 

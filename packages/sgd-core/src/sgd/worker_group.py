@@ -501,6 +501,24 @@ class WorkerGroup:
             pickled = cloudpickle.dumps(code)
         return pickled, n
 
+    def stacks(self, timeout_s: float = 10.0, include_idle: bool = False) -> List[str]:
+        """The Python stack of every thread of every worker, in rank order (see
+        :meth:`sgd.Trainer.stacks`). A worker that does not answer within ``timeout_s`` (dead,
+        or its process frozen) gets a line that says so."""
+        self._check_running()
+        refs = [w._sgd_stacks.remote(include_idle) for w in self.workers]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        out = []
+        for rank, ref in enumerate(refs):
+            if ref not in ready:
+                out.append(f"=== rank {rank}: no answer within {timeout_s:g} s (its process is frozen or gone) ===\n")
+                continue
+            try:
+                out.append(ray.get(ref))
+            except Exception as exc:  # dead
+                out.append(f"=== rank {rank}: no stack ({type(exc).__name__}: {str(exc).splitlines()[0]}) ===\n")
+        return out
+
     def execute_async(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> List[ray.ObjectRef]:
         """Run ``fn(*args, **kwargs)`` on every worker; object refs in rank order."""
         self._check_running()

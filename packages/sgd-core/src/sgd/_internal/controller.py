@@ -42,11 +42,12 @@ from sgd._internal.rounds import RoundCollector
 from sgd._internal.run_dir import RunDirectory
 from sgd._worker.driver_files import start_server
 from sgd._worker.session import PreemptionInfo
+from sgd._worker.stacks import innermost_user_frame
 from sgd.callbacks import TrainingCallback
 from sgd.checkpoint import METADATA_FILE, SHARDED_KEY
 from sgd.checkpoint.manager import CheckpointManager
 from sgd.data import DatasetConfig, data_cpu_shortfall, shard_datasets, shards_survive_restart
-from sgd.errors import WorkerDiedError
+from sgd.errors import TrainingHangError, WorkerDiedError
 from sgd.worker_group import ResourcesUnavailableError, WorkerGroup
 
 logger = logging.getLogger("sgd")
@@ -96,9 +97,11 @@ class RunSpec:
 class RunController:
     """Owns a trainer's worker group from ``start`` to ``shutdown`` and each run on it."""
 
-    def __init__(self, executor: BackendExecutor, max_retries: int):
+    def __init__(self, executor: BackendExecutor, max_retries: int, hang_timeout_s: Optional[float] = None):
         self.executor = executor
         self.max_retries = max_retries
+        #: the hang watchdog's timeout (see ``Trainer(hang_timeout_s=...)``), None: off
+        self.hang_timeout_s = hang_timeout_s
 
     @property
     def worker_group(self) -> Optional[WorkerGroup]:
@@ -142,6 +145,7 @@ class ActiveRun:
         self._manager = spec.manager
         self._policy = FailurePolicy(spec.max_retries)
         self._hook = controller.executor.hook
+        self._hang_timeout_s = controller.hang_timeout_s
         self._shards: Dict[int, Optional[List[Any]]] = {}
         self._delivered_iteration = spec.run_dir.last_iteration()
         self._manager.delivered_iteration = self._delivered_iteration
@@ -225,6 +229,7 @@ class ActiveRun:
         rounds = executor.start_training(spec.train_func, checkpoint, shards, start_iteration, direct,
                                          self._worker_run_info(group))
         rounds.tick = self._check_hosts
+        rounds.hang_timeout_s, rounds.on_hang = self._hang_timeout_s, self._hung
         self._drain, self._drain_waits_logged = None, False
         return rounds
 
@@ -244,6 +249,24 @@ class ActiveRun:
         if self._files is not None:
             ray.kill(self._files, no_restart=True)
             self._files = None
+
+    def _hung(self, items_per_worker: List[int]) -> None:
+        """The hang watchdog fired: log every worker's stack and the stragglers, then fail the
+        run (:class:`TrainingHangError`, retried like a death)."""
+        group = self._executor.worker_group
+        stacks = group.stacks(timeout_s=5.0) if group is not None else []
+        stragglers, where = stragglers_of(items_per_worker, stacks)
+        timeout = self._hang_timeout_s
+        message = (f"no worker sent a report, a checkpoint or its end for {timeout:g} s (hang_timeout_s / "
+                   f"SGD_HANG_TIMEOUT_S): the run is taken as hung. ")
+        if stragglers:
+            message += f"Not where the others are: rank{'s' if len(stragglers) > 1 else ''} " \
+                       f"{', '.join(map(str, stragglers))} ({where}). "
+        else:
+            message += "Every rank is at the same place (a step longer than the timeout, or all waiting). "
+        message += "Every worker's stack is logged above, and in the error's .stacks."
+        logger.error("%s\n%s", message, "\n".join(stacks))
+        raise TrainingHangError(message, stragglers, stacks)
 
     def _fail(self, error: BaseException, phase: str) -> None:
         """Ask the failure policy; carry its decision out: RESTARTING next, or raise."""
@@ -537,6 +560,26 @@ class ActiveRun:
                 if not error:
                     raise
                 logger.exception("callback %r failed in finish_training", cb)
+
+
+def stragglers_of(items_per_worker: List[int], stacks: List[str]) -> Tuple[List[int], str]:
+    """The ranks not where the others are, and where that is: behind the most advanced ranks
+    in what they sent; or, when all sent as much, at another line of the training function
+    than most ranks (from each worker's innermost frame of its training thread)."""
+    most = max(items_per_worker, default=0)
+    behind = [i for i, n in enumerate(items_per_worker) if n < most]
+    if behind:
+        return behind, f"{len(behind)} of {len(items_per_worker)} ranks sent fewer reports and checkpoints " \
+                       f"({min(items_per_worker)} against {most})"
+    frames = [innermost_user_frame(s) for s in stacks]
+    counts: Dict[Optional[str], int] = {}
+    for f in frames:
+        counts[f] = counts.get(f, 0) + 1
+    if len(counts) < 2:
+        return [], ""
+    common = max(counts, key=lambda f: counts[f])
+    odd = [i for i, f in enumerate(frames) if f != common]
+    return odd, "; ".join(f"rank {i} at {frames[i]}" for i in odd) + f"; the others at {common}"
 
 
 class _Relocate(Exception):

@@ -107,6 +107,11 @@ class RoundCollector:
         #: Called between waits (at least once a :data:`WAIT_SLICE_S`, and before each wait):
         #: the run's health checks (a host declared dead, a drain notice). May raise.
         self.tick: Optional[Callable[[], None]] = None
+        #: When no worker sent anything (an item, its end, its start) for ``hang_timeout_s``
+        #: seconds, ``on_hang(items_per_worker)`` is called (the hang watchdog; may raise).
+        self.hang_timeout_s: Optional[float] = None
+        self.on_hang: Optional[Callable[[List[int]], None]] = None
+        self._last_progress = time.monotonic()
 
     def next_round(self) -> Optional[Round]:
         """The next decoded round, or ``None`` when every worker finished.
@@ -155,7 +160,16 @@ class RoundCollector:
             ready, _ = ray.wait(waiting, num_returns=1, timeout=WAIT_SLICE_S)
             if not ready and self.tick is not None:
                 self.tick()
+            if not ready:
+                self._check_hang()
         return ready
+
+    def _check_hang(self) -> None:
+        timeout, on_hang = self.hang_timeout_s, self.on_hang
+        if timeout is None or on_hang is None or time.monotonic() - self._last_progress < timeout:
+            return
+        self._last_progress = time.monotonic()  # once per timeout, if on_hang does not raise
+        on_hang([sum(c.values()) for c in self._kind_counts])
 
     def _receive(self, ready: List[Any]) -> None:
         """Take in the calls that returned: a watch (a death, or the run's end) or a poll's batch."""
@@ -166,6 +180,8 @@ class RoundCollector:
             i = self._inflight.pop(ref)
             self._polling.discard(i)
             batch, finished, value, error = self._get_poll(ref, i)
+            if batch or finished or error is not None:
+                self._last_progress = time.monotonic()
             if error is not None:
                 if self._error is None:
                     self._error = error
@@ -236,6 +252,7 @@ class RoundCollector:
                     f"worker rank {i} died while its training function started: {short_error(exc)}", i
                 ) from exc
             self._started[i] = True
+            self._last_progress = time.monotonic()
             self._watches[self._workers[i]._sgd_watch.remote()] = i
             return
         self._get(ref, self._watches.pop(ref))

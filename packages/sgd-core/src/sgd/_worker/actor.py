@@ -13,6 +13,7 @@ import ray
 
 from sgd._common.protocol import DirectWrite
 from sgd._worker.session import STATE, Session, WorkerContext
+from sgd._worker.stacks import thread_stacks
 
 #: Concurrency group for driver calls that must run while user code occupies the
 #: default group (polling a run, reading metadata). User methods stay sequential.
@@ -86,6 +87,12 @@ class WorkerMixin:
             pid=os.getpid(),
             gpu_ids=[str(g) for g in ray.get_gpu_ids()],
         )
+
+    @ray.method(concurrency_group=CONTROL_GROUP)
+    def _sgd_stacks(self, include_idle: bool = False) -> str:
+        """Every thread's Python stack, answered from a control thread while training runs."""
+        rank = STATE.context.world_rank if STATE.context is not None else -1
+        return thread_stacks(rank, include_idle)
 
     @ray.method(concurrency_group=CONTROL_GROUP)
     def _sgd_preload(self, modules: Tuple[str, ...]) -> None:

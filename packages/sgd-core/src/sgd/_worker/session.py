@@ -510,6 +510,11 @@ class Session:
     def join(self) -> None:
         self._thread.join()
 
+    def join_for(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for the training thread to end; whether it did."""
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
 
 def read_files(directory: str) -> Dict[str, bytes]:
     """Every file under ``directory`` by relative path (sgd's metadata file left out)."""

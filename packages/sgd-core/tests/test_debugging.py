@@ -1,0 +1,140 @@
+"""Seeing where workers are: ``Trainer.stacks()`` and the hang watchdog."""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import sgd
+from sgd._internal.controller import stragglers_of
+from sgd_testing import wait_for
+
+
+def _wait_for_file(path, timeout=120.0):
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(path)
+        time.sleep(0.02)
+
+
+def _park_on_rank_0(folder):
+    Path(folder, "parked_0").touch()
+    _wait_for_file(os.path.join(folder, "release"))
+
+
+def _park_on_rank_1(folder):
+    Path(folder, "parked_1").touch()
+    _wait_for_file(os.path.join(folder, "release"))
+
+
+def _parks(config):
+    (_park_on_rank_0 if sgd.world_rank() == 0 else _park_on_rank_1)(config["folder"])
+    sgd.report(done=True)
+
+
+def test_stacks_show_where_each_worker_is_while_the_function_runs(base_trainer, tmp_path):
+    folder = str(tmp_path)
+    runner = threading.Thread(target=base_trainer.run, args=(_parks,), kwargs={"config": {"folder": folder}})
+    runner.start()
+    try:
+        wait_for(lambda: all(os.path.exists(os.path.join(folder, f"parked_{r}")) for r in (0, 1)), timeout=60)
+        stacks = base_trainer.stacks()
+    finally:
+        Path(folder, "release").touch()
+        runner.join(timeout=60)
+    assert len(stacks) == 2
+    for rank, text in enumerate(stacks):
+        assert text.startswith(f"=== rank {rank} (pid ")
+        assert "--- thread 'sgd-train' ---" in text  # the training thread, first
+        assert f"in _park_on_rank_{rank}" in text and f"in _park_on_rank_{1 - rank}" not in text
+        assert "_wait_for_file" in text  # down to the innermost frame
+
+
+def test_stacks_need_a_started_trainer():
+    trainer = sgd.Trainer(backend=sgd.BackendConfig(), num_workers=1, logdir=tempfile.mkdtemp())
+    with pytest.raises(RuntimeError, match=r"needs started workers: call trainer.start\(\) first"):
+        trainer.stacks()
+
+
+def _stuck_forever(marker):
+    _wait_for_file(marker + ".never", timeout=300)
+
+
+def _one_rank_hangs_once(config):
+    marker = config["marker"]
+    for step in (1, 2):
+        if step == 1 and sgd.world_rank() == 1 and not os.path.exists(marker):
+            Path(marker).touch()
+            _stuck_forever(marker)  # rank 0 waits for it at the checkpoint below
+        sgd.report(step=step)
+        sgd.save_checkpoint(step=step)
+    return sgd.world_rank()
+
+
+def test_a_hang_names_the_straggler_logs_every_stack_and_the_restart_recovers(ray_cluster, tmp_path, caplog):
+    trainer = sgd.Trainer(backend=sgd.BackendConfig(), num_workers=2, max_retries=1, logdir=tmp_path / "runs",
+                          hang_timeout_s=5)
+    trainer.start()
+    rounds = []
+
+    class Rounds(sgd.TrainingCallback):
+        def handle_result(self, results, **info):
+            rounds.append(results[0]["step"])
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="sgd"):
+            assert trainer.run(_one_rank_hangs_once, config={"marker": str(tmp_path / "hung")},
+                               callbacks=[Rounds()]) == [0, 1]
+    finally:
+        trainer.shutdown()
+    logged = caplog.text
+    assert "no worker sent a report, a checkpoint or its end for 5 s" in logged
+    assert "Not where the others are: rank 1 (1 of 2 ranks sent fewer reports" in logged
+    assert "in _stuck_forever" in logged and "=== rank 0 (pid" in logged  # every worker's stack
+    assert "restarting the workers (failure 1 of 1)" in logged
+    assert rounds == [1, 2]  # the restart redid step 1, reported once
+
+
+def test_without_retries_the_hang_error_carries_the_stacks_and_pickles(ray_cluster, tmp_path):
+    trainer = sgd.Trainer(backend=sgd.BackendConfig(), num_workers=2, max_retries=0, logdir=tmp_path / "runs",
+                          hang_timeout_s=5)
+    trainer.start()
+    try:
+        with pytest.raises(sgd.TrainingFailedError) as info:
+            trainer.run(_one_rank_hangs_once, config={"marker": str(tmp_path / "hung")})
+        assert trainer.run(_one_rank_hangs_once, config={"marker": str(tmp_path / "hung")}) == [0, 1]
+    finally:
+        trainer.shutdown()
+    hang = info.value.__cause__
+    assert isinstance(hang, sgd.TrainingHangError) and isinstance(hang, sgd.WorkerDiedError)
+    assert hang.stragglers == [1] and "in _stuck_forever" in hang.stacks[1]
+    again = pickle.loads(pickle.dumps(hang))
+    assert type(again) is sgd.TrainingHangError and again.stragglers == [1] and again.stacks == hang.stacks
+
+
+def test_stragglers_by_reports_then_by_place():
+    def stack(rank, where):
+        return f"=== rank {rank} (pid 1 on h) ===\n--- thread 'sgd-train' ---\n  File \"t.py\", line {where}, in f\n"
+
+    assert stragglers_of([3, 2, 3], [])[0] == [1]
+    ranks, where = stragglers_of([2, 2, 2], [stack(0, 10), stack(1, 10), stack(2, 20)])
+    assert ranks == [2] and 'rank 2 at File "t.py", line 20, in f' in where and "line 10" in where
+    assert stragglers_of([2, 2], [stack(0, 10), stack(1, 10)]) == ([], "")
+
+
+@pytest.mark.parametrize("bad", [0, -1, "soon", True])
+def test_hang_timeout_must_be_positive_seconds(bad):
+    with pytest.raises(ValueError, match="hang_timeout_s must be a number of seconds > 0 or None"):
+        sgd.Trainer(backend=sgd.BackendConfig(), hang_timeout_s=bad)
+    from sgd.air import FailureConfig
+
+    with pytest.raises(ValueError, match="hang_timeout_s must be a number of seconds > 0 or None"):
+        FailureConfig(hang_timeout_s=bad)
