@@ -463,3 +463,26 @@ def test_sharded_checkpoints_reach_the_driver_and_restore_after_a_host_loss(host
     assert ".metadata" in shards and any(n.endswith(".distcp") for n in shards), shards
     assert not list(checkpoints.rglob("*.sgd-part")) and not list(checkpoints.glob(".tmp_*"))
     assert _steps(trainer.latest_run_dir) == [1, 2, 3, 4, 5]
+
+
+def _prints(config):
+    import ray
+
+    print(f"rank {sgd.world_rank()} says hello from {ray.util.get_node_ip_address()}")
+    sgd.report(x=1)
+
+
+def test_per_rank_logs_of_hosts_with_their_own_disks_reach_the_driver(hosts):
+    trainer = sgd.Trainer(backend="base", num_workers=2, placement_strategy="SPREAD")
+    trainer.start()
+    try:
+        trainer.run(_prints)
+    finally:
+        trainer.shutdown()
+    logs = trainer.latest_run_dir / "logs"
+    said = {rank: (logs / f"rank_{rank}.log").read_text() for rank in (0, 1)}
+    ips = set()
+    for rank, text in said.items():
+        line = next(x for x in text.splitlines() if x.startswith(f"rank {rank} says hello from "))
+        ips.add(line.rsplit(" ", 1)[1])
+    assert ips == {"127.0.0.3", "127.0.0.4"}  # written on two hosts with private disks

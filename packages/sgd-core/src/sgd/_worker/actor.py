@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import socket
 import threading
@@ -12,6 +13,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import ray
 
 from sgd._common.protocol import DirectWrite
+from sgd._worker.rank_logs import RankLog, rank_log_path
 from sgd._worker.session import STATE, Session, WorkerContext
 from sgd._worker.stacks import thread_stacks
 
@@ -137,6 +139,7 @@ class WorkerMixin:
             encode_checkpoint, direct_write,
         )
         STATE.session = session
+        session.rank_log = _rank_log(session)
         session.start()
 
     @ray.method(concurrency_group=CONTROL_GROUP)
@@ -169,6 +172,20 @@ class WorkerMixin:
         if session is None:
             raise RuntimeError("no training run on this worker")
         return session.poll(max_items)
+
+
+def _rank_log(session: Session) -> Any:
+    """The tee of this run's stdout and stderr into ``run_dir/logs/rank_N.log`` (None: off)."""
+    run_dir = session.context.trial_dir
+    if not run_dir or os.environ.get("SGD_RANK_LOGS", "1") == "0":
+        return None
+    rank = session.context.world_rank
+    try:
+        files = None if session.shares_driver_disk else session.driver_files
+        return RankLog(rank, rank_log_path(run_dir, rank), files)
+    except Exception as exc:  # a log is not worth a run
+        logging.getLogger("sgd").warning("rank %d: no log file in %s/logs: %s", rank, run_dir, exc)
+        return None
 
 
 class _PlainWorker(WorkerMixin):

@@ -75,6 +75,13 @@ class DriverFileServer:
             self._received[real] = self._received.get(real, 0) + written
         return written
 
+    def append(self, path: str, data: bytes) -> None:
+        """Append ``data`` to ``path`` (a log: visible as it grows)."""
+        real = self._check(path, self._writable, "append")
+        os.makedirs(os.path.dirname(real), exist_ok=True)
+        with open(real, "ab") as f:
+            f.write(data)
+
     def commit(self, path: str, size: int) -> None:
         """Give ``path`` its content, once every byte of ``size`` arrived (an empty file too)."""
         real = self._check(path, self._writable, "commit")
@@ -136,6 +143,10 @@ class DriverFiles:
         ray.get(pending)
         ray.get(self._server.commit.remote(driver_path, size))
         return size
+
+    def append(self, driver_path: str, data: bytes) -> None:
+        """Append ``data`` to ``driver_path`` on the driver's host."""
+        ray.get(self._server.append.remote(driver_path, data))
 
     def read(self, driver_path: str, offset: int, length: int) -> bytes:
         """``length`` bytes of ``driver_path`` on the driver's host from ``offset``."""

@@ -152,6 +152,8 @@ class Session:
         self._error: Optional[RemoteError] = None
         self._stopping = False
         self._finalizers: List[Callable[[], None]] = []
+        #: The tee of stdout/stderr into ``run_dir/logs/rank_N.log`` (set by the worker actor).
+        self.rank_log: Any = None
 
         self._iteration = start_iteration
         # A drain notice for one of the group's hosts (PreemptionInfo), and the report count
@@ -197,6 +199,10 @@ class Session:
                 import shutil
 
                 shutil.rmtree(self._materialized, ignore_errors=True)
+        if self.rank_log is not None:  # all of its output in the rank's log before the run shows as ended
+            if error is not None:
+                self.rank_log.note(error.traceback)
+            self.rank_log.close()
         if error is not None:
             # Before the run shows as ended (the driver may set the framework up again then);
             # after the except block, whose exception holds the failed call's frames (and

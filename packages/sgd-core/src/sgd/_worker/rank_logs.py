@@ -1,0 +1,141 @@
+"""Each worker's stdout and stderr, also in ``run_dir/logs/rank_N.log`` on the driver's disk.
+
+While a run's training function runs, a worker's file descriptors 1 and 2 point into a pipe; a
+thread reads it and writes every line twice: to where the descriptor pointed before (Ray's log
+file for the worker, which Ray forwards to the driver's console), prefixed ``[rank N]``; and to
+the rank's log file. At the level of file descriptors, so ``print``, ``logging`` handlers made
+before the run, C extensions (gloo, NCCL) and subprocesses are all caught.
+
+A worker on the driver's host appends to the file itself. A worker on a host with a disk of its
+own sends what it wrote through sgd's file server on the driver's host (``driver_files``), every
+half second or 64 KB, and what is left when the run ends.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from typing import Any, List, Optional
+
+#: How often (seconds) and from how many bytes a worker elsewhere sends its log lines.
+FLUSH_S = 0.5
+FLUSH_BYTES = 64 * 1024
+
+
+class RankLog:
+    """The tee of one run on one worker: :meth:`close` puts the descriptors back."""
+
+    def __init__(self, rank: int, path: str, driver_files: Any = None) -> None:
+        self._rank = rank
+        self._path = path
+        self._files = driver_files
+        self._prefix = f"[rank {rank}] ".encode()
+        self._pending: List[bytes] = []
+        self._pending_bytes = 0
+        self._lock = threading.Lock()
+        self._file: Optional[Any] = None
+        if driver_files is None:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            self._file = open(path, "ab", buffering=0)
+        self._saved = {fd: os.dup(fd) for fd in (1, 2)}
+        self._read_fd, write_fd = os.pipe()
+        import sys
+
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        for fd in (1, 2):
+            os.dup2(write_fd, fd)
+        os.close(write_fd)
+        self._closed = threading.Event()
+        self._reader = threading.Thread(target=self._read, name="sgd-rank-log", daemon=True)
+        self._reader.start()
+        self._sender: Optional[threading.Thread] = None
+        if driver_files is not None:
+            self._sender = threading.Thread(target=self._send_loop, name="sgd-rank-log-send", daemon=True)
+            self._sender.start()
+        self._log(f"=== rank {rank}: pid {os.getpid()} on {socket.gethostname()}, "
+                  f"{time.strftime('%Y-%m-%d %H:%M:%S')} ===\n".encode())
+
+    def _read(self) -> None:
+        rest = b""
+        while True:
+            try:
+                chunk = os.read(self._read_fd, 65536)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                break
+            lines = (rest + chunk).split(b"\n")
+            rest = lines.pop()
+            if lines:
+                text = b"".join(line + b"\n" for line in lines)
+                self._console(b"".join(self._prefix + line + b"\n" for line in lines))
+                self._log(text)
+        if rest:
+            self._console(self._prefix + rest + b"\n")
+            self._log(rest + b"\n")
+
+    def _console(self, data: bytes) -> None:
+        try:
+            os.write(self._saved[1], data)
+        except OSError:
+            pass
+
+    def _log(self, data: bytes) -> None:
+        if self._file is not None:
+            self._file.write(data)
+            return
+        with self._lock:
+            self._pending.append(data)
+            self._pending_bytes += len(data)
+            full = self._pending_bytes >= FLUSH_BYTES
+        if full:
+            self._send()
+
+    def _send(self) -> None:
+        with self._lock:
+            data, self._pending, self._pending_bytes = b"".join(self._pending), [], 0
+        if data and self._files is not None:
+            try:
+                self._files.append(self._path, data)
+            except Exception:  # the driver's host gone: the console still has it
+                pass
+
+    def _send_loop(self) -> None:
+        while not self._closed.wait(FLUSH_S):
+            self._send()
+
+    def note(self, text: str) -> None:
+        """Add ``text`` to the log only (the driver shows it on the console already)."""
+        self._log(text.encode(errors="replace") + (b"" if text.endswith("\n") else b"\n"))
+
+    def close(self) -> None:
+        """Put descriptors 1 and 2 back; write (or send) what is left."""
+        import sys
+
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        for fd, saved in self._saved.items():
+            os.dup2(saved, fd)  # the pipe's last writer is gone: the reader sees its end
+        self._reader.join(timeout=5)
+        os.close(self._read_fd)
+        for saved in self._saved.values():
+            os.close(saved)
+        self._closed.set()
+        if self._sender is not None:
+            self._sender.join(timeout=5)
+        self._send()
+        if self._file is not None:
+            self._file.close()
+
+
+def rank_log_path(run_dir: str, rank: int) -> str:
+    return os.path.join(run_dir, "logs", f"rank_{rank}.log")
