@@ -58,6 +58,33 @@ def test_stacks_show_where_each_worker_is_while_the_function_runs(base_trainer, 
         assert "_wait_for_file" in text  # down to the innermost frame
 
 
+def test_sgd_stacks_asks_a_running_job_from_another_process(base_trainer, tmp_path, capsys):
+    import subprocess
+    import sys
+
+    folder = str(tmp_path)
+    runner = threading.Thread(target=base_trainer.run, args=(_parks,), kwargs={"config": {"folder": folder}})
+    runner.start()
+    try:
+        wait_for(lambda: all(os.path.exists(os.path.join(folder, f"parked_{r}")) for r in (0, 1)), timeout=60)
+        run_dir = base_trainer.latest_run_dir
+        # Another process, as from another terminal: it only needs to see the run directory.
+        out = subprocess.run([sys.executable, "-m", "sgd", "stacks", str(run_dir), "--timeout", "30"],
+                             capture_output=True, text=True, timeout=120)
+    finally:
+        Path(folder, "release").touch()
+        runner.join(timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "=== rank 0 (pid " in out.stdout and "in _park_on_rank_0" in out.stdout
+    assert "=== rank 1 (pid " in out.stdout and "in _park_on_rank_1" in out.stdout
+    assert not (run_dir / "stacks.request").exists()
+    # A run that has ended has no workers to ask: said, not waited for.
+    from sgd import cli
+
+    assert cli.main(["stacks", str(run_dir)]) == 2
+    assert "is not running (its status is FINISHED)" in capsys.readouterr().err
+
+
 def test_stacks_need_a_started_trainer():
     trainer = sgd.Trainer(backend=sgd.BackendConfig(), num_workers=1, logdir=tempfile.mkdtemp())
     with pytest.raises(RuntimeError, match=r"needs started workers: call trainer.start\(\) first"):

@@ -419,6 +419,40 @@ def _cmd_runs_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_stacks(args: argparse.Namespace) -> int:
+    """Ask a running job's driver for every worker's stacks, through its run directory."""
+    import secrets
+    import time
+
+    try:
+        run_dir = runs.resolve_run_dir(args.run_dir)
+    except FileNotFoundError as exc:
+        print(f"sgd stacks: error: {exc}", file=sys.stderr)
+        return 2
+    status = runs.run_info(run_dir).status
+    if status != "RUNNING":
+        print(f"sgd stacks: error: {run_dir} is not running (its status is {status}); stacks come from the "
+              "workers of a running job", file=sys.stderr)
+        return 2
+    token = f"sgd stacks {secrets.token_hex(8)}"
+    (run_dir / runs.STACKS_REQUEST).write_text(token)
+    deadline = time.monotonic() + args.timeout
+    answer = run_dir / runs.STACKS_FILE
+    while time.monotonic() < deadline:
+        try:
+            text = answer.read_text()
+        except OSError:
+            text = ""
+        if text.startswith(token + "\n"):
+            print(text[len(token) + 1:], end="")
+            return 0
+        time.sleep(0.1)
+    (run_dir / runs.STACKS_REQUEST).unlink(missing_ok=True)
+    print(f"sgd stacks: error: the driver of {run_dir} did not answer within {args.timeout:g} s (it reads "
+          "requests between rounds, about once a second): is its process alive?", file=sys.stderr)
+    return 1
+
+
 def _add_runs_parser(sub: Any) -> None:
     p = sub.add_parser("runs", help="list run directories and summarise one")
     runs_sub = p.add_subparsers(dest="runs_command", required=True)
@@ -440,6 +474,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_plugins)
     _add_run_parser(sub)
     _add_runs_parser(sub)
+    st = sub.add_parser("stacks", help="every worker's Python stacks of a running job (from another terminal)")
+    st.add_argument("run_dir", help="the job's run directory (logdir/run_NNN), or its logdir for the latest run")
+    st.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the driver (default 30)")
+    st.set_defaults(func=_cmd_stacks)
     plugins.get_plugin_manager().hook.sgd_cli_commands(subparsers=sub)
     return parser
 

@@ -61,6 +61,11 @@ class RunInfo:
     latest_checkpoint: Optional[str]
 
 
+#: ``sgd stacks`` writes this file into a running job's run directory; its driver answers by
+#: writing every worker's stacks to :data:`STACKS_FILE` there (within about a second).
+STACKS_REQUEST = "stacks.request"
+STACKS_FILE = "stacks.txt"
+
 def is_run_dir(path: Union[str, os.PathLike]) -> bool:
     """Whether ``path`` holds an sgd run (``trainer.json`` or ``status.json``)."""
     p = Path(path)

@@ -6,6 +6,7 @@ import datetime
 import logging
 import os
 import re
+import weakref
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -48,6 +49,14 @@ def _resolve_backend(backend: Any) -> BackendConfig:
     raise TypeError(
         f"backend must be a backend name (str) or a BackendConfig instance, got {type(backend).__name__}"
     )
+
+
+def _release_workers(controller: Any) -> None:
+    """Shut down the workers of a trainer that was garbage collected while started."""
+    try:
+        controller.shutdown()
+    except Exception:  # Ray already gone: so are the workers
+        logging.getLogger("sgd").debug("releasing the workers of a collected trainer failed", exc_info=True)
 
 
 def _seconds_or_none(value: Any, name: str) -> Optional[float]:
@@ -309,10 +318,17 @@ class Trainer:
         controller = self._make_controller()
         controller.start(initialization_hook)
         self._controller = controller
+        # A trainer dropped without shutdown() (a notebook cell that builds a new one under the
+        # same name, say) releases its workers when it is collected, not when the process ends.
+        self._release = weakref.finalize(self, _release_workers, controller)
+        self._release.atexit = False  # at exit the workers go with the driver anyway
 
     def shutdown(self) -> None:
         """Stop the workers and release their resources; ``start()`` may be called again."""
         controller, self._controller = self._controller, None
+        release = getattr(self, "_release", None)
+        if release is not None:
+            release.detach()
         if controller is not None:
             controller.shutdown()
 

@@ -48,6 +48,7 @@ from sgd.checkpoint import METADATA_FILE, SHARDED_KEY
 from sgd.checkpoint.manager import CheckpointManager
 from sgd.data import DatasetConfig, data_cpu_shortfall, shard_datasets, shards_survive_restart
 from sgd.errors import TrainingHangError, WorkerDiedError
+from sgd.runs import STACKS_FILE, STACKS_REQUEST
 from sgd.worker_group import ResourcesUnavailableError, WorkerGroup
 
 logger = logging.getLogger("sgd")
@@ -160,6 +161,7 @@ class ActiveRun:
         # a move decided after a checkpoint (done before the next round), the next time an
         # elastic group looks for room to grow.
         self._next_node_check = 0.0
+        self._next_stacks_check = 0.0
         self._drain: Optional[Dict[str, NodeInfo]] = None
         self._drain_waits_logged = False
         self._next_grow_check = time.monotonic() + GROW_CHECK_INTERVAL_S
@@ -228,7 +230,7 @@ class ActiveRun:
         self._position = start_iteration
         rounds = executor.start_training(spec.train_func, checkpoint, shards, start_iteration, direct,
                                          self._worker_run_info(group))
-        rounds.tick = self._check_hosts
+        rounds.tick = self._tick
         rounds.hang_timeout_s, rounds.on_hang = self._hang_timeout_s, self._hung
         self._drain, self._drain_waits_logged = None, False
         return rounds
@@ -249,6 +251,14 @@ class ActiveRun:
         if self._files is not None:
             ray.kill(self._files, no_restart=True)
             self._files = None
+
+    def _tick(self) -> None:
+        """Between waits for the workers: the hosts' health, and ``sgd stacks`` asking."""
+        self._check_hosts()
+        now = time.monotonic()
+        if now >= self._next_stacks_check:
+            self._next_stacks_check = now + STACKS_CHECK_INTERVAL_S
+            answer_stacks_request(self._spec.run_dir.path, self._executor.worker_group)
 
     def _hung(self, items_per_worker: List[int]) -> None:
         """The hang watchdog fired: log every worker's stack and the stragglers, then fail the
@@ -560,6 +570,25 @@ class ActiveRun:
                 if not error:
                     raise
                 logger.exception("callback %r failed in finish_training", cb)
+
+
+#: How often (seconds) a running driver looks for a request of ``sgd stacks``.
+STACKS_CHECK_INTERVAL_S = 1.0
+
+
+def answer_stacks_request(run_dir: Path, group: Any) -> None:
+    """When ``sgd stacks`` asked (``run_dir/stacks.request``), write every worker's stacks to
+    ``run_dir/stacks.txt`` (atomically; its first line is the request's text)."""
+    request = run_dir / STACKS_REQUEST
+    try:
+        token = request.read_text()
+    except OSError:
+        return
+    stacks = group.stacks(timeout_s=5.0) if group is not None else ["(no workers are running)\n"]
+    tmp = run_dir / f".{STACKS_FILE}.tmp"
+    tmp.write_text(token.strip() + "\n" + "\n".join(stacks))
+    os.replace(tmp, run_dir / STACKS_FILE)
+    request.unlink(missing_ok=True)
 
 
 def stragglers_of(items_per_worker: List[int], stacks: List[str]) -> Tuple[List[int], str]:
