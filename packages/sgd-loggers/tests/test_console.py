@@ -151,3 +151,22 @@ def test_automatic_progress_keeps_quiet_beside_other_console_callbacks(terminal,
     alone.handle_result(rounds[0])
     alone.finish_training()
     assert "iter 1" in read()
+
+
+def test_progress_names_the_slowest_rank_of_the_last_rounds(terminal):
+    stream, read = terminal
+    cb = ProgressCallback(stream=stream, refresh_s=0)
+    cb.start_training(logdir="/results/train_a/run_001", config={})
+
+    def round_(times):
+        return [{"loss": 0.5, "_training_iteration": 1, "_time_this_iter_s": t} for t in times]
+
+    cb.handle_result(round_([0.40, 0.41, 0.40]))  # even: nothing said
+    assert "slowest" not in frames_of(read())[-1]
+    for _ in range(3):
+        cb.handle_result(round_([0.40, 0.40, 0.90]))
+    assert "| loss=0.5 | slowest rank 2: 0.78 s/iter (med" in frames_of(read())[-1]  # cut at 80 columns
+    for _ in range(40):  # rank 2 caught up: the window forgets it
+        cb.handle_result(round_([0.40, 0.40, 0.40]))
+    assert "slowest" not in frames_of(read())[-1]
+    cb.finish_training()

@@ -9,7 +9,8 @@ import shutil
 import sys
 import time
 import weakref
-from typing import IO, Any, Dict, List, Optional, Sequence
+from collections import deque
+from typing import IO, Any, Deque, Dict, List, Optional, Sequence
 
 from sgd import TrainingCallback
 from sgd_loggers._util import check_worker, clean, scalar, select, step_of, to_jsonable
@@ -41,6 +42,10 @@ class PrintCallback(TrainingCallback):
         _active.discard(self)
 
 
+#: Rounds over which :class:`ProgressCallback` compares the ranks' times.
+SLOW_WINDOW = 20
+
+
 def _format_number(value: float) -> str:
     return f"{value:.4g}"
 
@@ -48,7 +53,11 @@ def _format_number(value: float) -> str:
 class ProgressCallback(TrainingCallback):
     """One live console line per run, redrawn every round: iteration, elapsed time, metrics.
 
-    ``sgd run_001 | iter 12 | 0:01:23 | loss=0.1234 acc=0.98``
+    ``sgd run_001 | iter 12 | 0:01:23 | loss=0.1234 acc=0.98 | slowest rank 3: 0.52 s/iter (median 0.40)``
+
+    The last part names the rank whose reports took longest over the last
+    :data:`SLOW_WINDOW` rounds (``_time_this_iter_s``), when it is at least 10% slower than
+    the median rank: a straggler shows up while the run goes on, not only once it hangs.
 
     The line is drawn with a carriage return and cut to the terminal's width; at the end
     of the run it is left on screen with ``done`` or ``failed``. It is off when the stream
@@ -85,6 +94,8 @@ class ProgressCallback(TrainingCallback):
         self._last_draw = float("-inf")
         self._pending: Optional[str] = None
         self._run_name = ""
+        self._window: Deque[List[float]] = deque()
+        self._sums: List[float] = []
 
     @classmethod
     def automatic(cls) -> ProgressCallback:
@@ -104,6 +115,8 @@ class ProgressCallback(TrainingCallback):
         self._start = time.monotonic()
         self._last_draw = float("-inf")
         self._pending = None
+        self._window.clear()
+        self._sums = []
         self._run_name = os.path.basename(os.path.normpath(str(logdir)))
         if self._out is not None:
             _active.add(self)
@@ -124,9 +137,30 @@ class ProgressCallback(TrainingCallback):
         if self._out is None:
             return
         (result,) = select(results, [self._worker], "worker_to_log")
-        self._pending = self.line(result, step_of(result, 0), time.monotonic() - self._start)
+        self._pending = self.line(result, step_of(result, 0), time.monotonic() - self._start) + self._slowest(results)
         if time.monotonic() - self._last_draw >= self._refresh_s:
             self._draw()
+
+    def _slowest(self, results: List[Dict[str, Any]]) -> str:
+        """`` | slowest rank R: ...`` over the last rounds, or ``""`` when no rank stands out."""
+        times = [r.get("_time_this_iter_s") for r in results]
+        if len(times) < 2 or not all(isinstance(t, (int, float)) for t in times):
+            return ""
+        if len(self._sums) != len(times):  # the group was resized: start over
+            self._window.clear()
+            self._sums = [0.0] * len(times)
+        self._window.append(times)  # type: ignore[arg-type]
+        for i, t in enumerate(times):
+            self._sums[i] += t  # type: ignore[operator]
+        if len(self._window) > SLOW_WINDOW:
+            for i, t in enumerate(self._window.popleft()):
+                self._sums[i] -= t
+        n = len(self._window)
+        rank = max(range(len(self._sums)), key=self._sums.__getitem__)
+        median = sorted(self._sums)[len(self._sums) // 2]
+        if self._sums[rank] < 1.1 * median or self._sums[rank] <= 0:
+            return ""
+        return f" | slowest rank {rank}: {self._sums[rank] / n:.2f} s/iter (median {median / n:.2f})"
 
     def _draw(self, suffix: str = "", end: str = "") -> None:
         assert self._out is not None
