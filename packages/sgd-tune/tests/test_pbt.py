@@ -62,6 +62,9 @@ def test_pbt_exploits_through_sgd_checkpoints(ray_cluster, storage_path, tmp_pat
         assert donor_step["trial"] == row["start_owner"]
         assert row["start_w"] == donor_step["w"], (row, donor_step)
         assert row["step"] > row["start_step"]  # and went on from there
+        # Each result maps 1:1 to a report (training_iteration == step): the checkpoint PBT
+        # cloned is the one filed under the donor's result at a perturbation point.
+        assert row["start_step"] % 2 == 0, row
         assert row["lr"] in MUTATED_LRS  # with the mutated config
     # The exploiting trial's run before the exploit was ended by Tune mid-way: STOPPED.
     first = exploits[0]

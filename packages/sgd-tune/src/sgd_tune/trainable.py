@@ -99,7 +99,9 @@ class SgdTrainable(tune.Trainable):
         # Rank 0's last round, not yet given to Tune (its checkpoint may still come), with its
         # sgd iteration and, when its checkpoint is already known, a copy of it kept safe.
         self._pending: Optional[Tuple[Dict[str, Any], int, Optional[Path]]] = None
-        self._to_save: Optional[Path] = None  # the checkpoint of the result Tune got last
+        # The checkpoint of the newest result Tune got that had one: what Tune's save_checkpoint
+        # copies, also when Tune asks by itself (PBT, a pause), never one of a later result.
+        self._last_checkpoint: Optional[Path] = None
         self._handed: set = set()  # names of the sgd checkpoints Tune got
         self._checkpoint_dir: Optional[Path] = None  # this trial's sgd run's checkpoints
         self._warned_iteration_key = False
@@ -126,22 +128,19 @@ class SgdTrainable(tune.Trainable):
             return self._hand_pending()
 
     def save_checkpoint(self, checkpoint_dir: str) -> None:
-        source, self._to_save = self._to_save, None
-        if source is None:  # asked by Tune itself (checkpoint_frequency, a pause): the newest
-            source = self._newest_checkpoint() or self._restored_dir
+        source = self._last_checkpoint or self._restored_dir or self._newest_checkpoint()
         if source is None or not source.is_dir():
             # Asked by Tune (checkpoint_frequency, pause) before the training function saved anything.
             logger.warning("trial %s: no sgd checkpoint to save yet; the Tune checkpoint is empty", self.trial_id)
             return None
         shutil.copytree(source, checkpoint_dir, dirs_exist_ok=True)
-        if source.parent == self._kept_dir():
-            shutil.rmtree(source, ignore_errors=True)
         return None
 
     def load_checkpoint(self, checkpoint: Any) -> None:
         if self._iterator is not None:  # restored into a running trial: start the run over
             self._stop_run()
-            self._iterator, self._pending, self._to_save, self._checkpoint_dir = None, None, None, None
+            self._iterator, self._pending, self._checkpoint_dir = None, None, None
+            self._set_last(None)
         path = Path(checkpoint) if isinstance(checkpoint, (str, Path)) else None
         if path is None or not (path / METADATA_FILE).exists():
             logger.warning("trial %s: Tune checkpoint %s holds no sgd checkpoint; starting from scratch",
@@ -237,14 +236,14 @@ class SgdTrainable(tune.Trainable):
         if self._pending is None:
             if trailing is not None:
                 self._handed.add(trailing.name)
-            self._to_save = trailing
+                self._set_last(trailing)
             return {DONE: True, SHOULD_CHECKPOINT: trailing is not None}
         out = self._hand_pending()
         if trailing is None:
             return dict(out, **{DONE: True})
         if not out[SHOULD_CHECKPOINT]:
             self._handed.add(trailing.name)
-            self._to_save = trailing
+            self._set_last(trailing)
             return dict(out, **{DONE: True, SHOULD_CHECKPOINT: True})
         return out  # not done yet: the next step() hands the trailing checkpoint
 
@@ -255,7 +254,8 @@ class SgdTrainable(tune.Trainable):
         checkpoint = kept or (self._iterator.checkpoint_for(iteration) if self._iterator is not None else None)
         if checkpoint is not None and kept is None:
             self._handed.add(checkpoint.name)
-        self._to_save = checkpoint
+        if checkpoint is not None:
+            self._set_last(checkpoint)
         return dict(result, **{SHOULD_CHECKPOINT: checkpoint is not None})
 
     def _for_tune(self, result: Dict[str, Any]) -> Dict[str, Any]:
@@ -267,6 +267,11 @@ class SgdTrainable(tune.Trainable):
                 logger.warning("trial %s: the reported metric %r is Tune's own count of results; it reaches Tune as "
                                "'reported_training_iteration'", self.trial_id, TRAINING_ITERATION)
         return out
+
+    def _set_last(self, checkpoint: Optional[Path]) -> None:
+        previous, self._last_checkpoint = self._last_checkpoint, checkpoint
+        if previous is not None and previous != checkpoint and previous.parent == self._kept_dir():
+            shutil.rmtree(previous, ignore_errors=True)  # a hard-linked copy: the links go
 
     def _kept_dir(self) -> Path:
         return Path(self.logdir) / "sgd_checkpoints_for_tune"
