@@ -165,3 +165,36 @@ def test_hang_timeout_must_be_positive_seconds(bad):
 
     with pytest.raises(ValueError, match="hang_timeout_s must be a number of seconds > 0 or None"):
         FailureConfig(hang_timeout_s=bad)
+
+
+def _three_checkpoints(config):
+    state = sgd.load_checkpoint() or {"step": 0}
+    for step in range(state["step"] + 1, 4):
+        sgd.report(step=step)
+        sgd.save_checkpoint(step=step)
+
+
+def test_ctrl_c_while_a_checkpoint_is_written_leaves_the_previous_one_the_latest(base_trainer, monkeypatch):
+    """Ctrl-C reaches the driver while it writes checkpoint 2 (forced: the write's first fsync
+    raises KeyboardInterrupt): nothing of it stays, checkpoint 1 is the latest, the trainer goes on."""
+    import json
+
+    import sgd.checkpoint.manager as manager
+
+    real, calls = manager._fsync_dir, []
+
+    def interrupted(path):
+        calls.append(path)
+        if len(calls) == 3:  # checkpoint 1: its folder, then the parent; checkpoint 2: its folder
+            raise KeyboardInterrupt
+        return real(path)
+
+    monkeypatch.setattr(manager, "_fsync_dir", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        base_trainer.run(_three_checkpoints)
+    monkeypatch.setattr(manager, "_fsync_dir", real)
+    run_dir = base_trainer.latest_run_dir
+    assert base_trainer.latest_checkpoint == {"step": 1}
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["checkpoint_000001"]
+    assert json.loads((run_dir / "status.json").read_text())["status"] == "INTERRUPTED"
+    assert base_trainer.run(lambda: sgd.world_rank()) == [0, 1]

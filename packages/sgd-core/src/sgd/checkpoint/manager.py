@@ -11,7 +11,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from sgd._common.json_values import finite, json_default
 from sgd._common.protocol import DirectCheckpoint, DirectoryFiles
@@ -100,12 +100,13 @@ class CheckpointManager:
         :raises ValueError: the score attribute is missing or not a number (the
             checkpoint is written first, so it is not lost).
         """
+        previous = (self.latest_id, self.latest_state, self.latest_iteration)
         self.latest_id += 1
         self.latest_state = state
         self.latest_iteration = iteration
         if self.strategy.num_to_keep == 0:
             return None
-        return self._persist(state, state, iteration)
+        return self._persist_or_roll_back(previous, state, state, iteration)
 
     def _score(self, state: Dict[str, Any], iteration: int) -> float:
         # The recency attributes rank sgd.save_checkpoint states too, which do not hold them
@@ -129,13 +130,14 @@ class CheckpointManager:
                 "driver's disk: their hosts have disks of their own. Checkpoints the workers write themselves "
                 "(sharded ones) need a folder the driver and every worker share, such as the run directory on a "
                 "shared filesystem (Trainer(logdir=...)).")
+        previous = (self.latest_id, self.latest_state, self.latest_iteration)
         self.latest_id += 1
         self.latest_state = None  # loaded from disk if asked for
         self.latest_iteration = iteration
         if self.strategy.num_to_keep == 0:
             shutil.rmtree(tmp, ignore_errors=True)
             return None
-        return self._persist(None, score_values, iteration, written=tmp)
+        return self._persist_or_roll_back(previous, None, score_values, iteration, written=tmp)
 
     def register_reported(self, payloads: List[Any], metrics: Dict[str, Any], iteration: int,
                           decode: Any = None) -> Optional[Path]:
@@ -151,6 +153,7 @@ class CheckpointManager:
 
         given = [p for p in payloads if p is not None]
         first, extra = given[0], [p for p in given[1:] if isinstance(p, DirectoryFiles)]
+        previous = (self.latest_id, self.latest_state, self.latest_iteration)
         self.latest_id += 1
         self.latest_iteration = iteration
         self.latest_state = None
@@ -178,7 +181,7 @@ class CheckpointManager:
                                  "pass directory checkpoints (Checkpoint.from_directory) on every rank")
             for p in extra:
                 write_files(p.files, written, overwrite=False)
-        return self._persist(state, metrics, iteration, written=written, metrics=metrics)
+        return self._persist_or_roll_back(previous, state, metrics, iteration, written=written, metrics=metrics)
 
     def _stage_files(self, files: Dict[str, bytes]) -> Path:
         tmp = self.checkpoint_dir / f".tmp_files_{uuid.uuid4().hex[:12]}"
@@ -190,6 +193,16 @@ class CheckpointManager:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         return tmp
+
+    def _persist_or_roll_back(self, previous: Tuple[int, Any, int], *args: Any, **kwargs: Any) -> Path:
+        """:meth:`_persist`; interrupted (Ctrl-C mid-write), the previous checkpoint stays the
+        latest and the half-written folder goes."""
+        try:
+            return self._persist(*args, **kwargs)
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                self.latest_id, self.latest_state, self.latest_iteration = previous
+            raise
 
     def _persist(self, state: Optional[Dict[str, Any]], score_values: Dict[str, Any], iteration: int,
                  written: Optional[Path] = None, metrics: Optional[Dict[str, Any]] = None) -> Path:
@@ -296,8 +309,10 @@ class CheckpointManager:
                 shutil.rmtree(final)
             os.rename(tmp, final)
             _fsync_dir(self.checkpoint_dir)
-        except OSError as exc:
+        except BaseException as exc:
             shutil.rmtree(tmp, ignore_errors=True)
+            if not isinstance(exc, OSError):
+                raise  # Ctrl-C mid-write: nothing half-written stays
             reason = "the disk is full" if is_disk_full(exc) else str(exc)
             raise OSError(
                 exc.errno,
