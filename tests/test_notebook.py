@@ -22,11 +22,16 @@ NOTEBOOK = Path(__file__).resolve().parents[1] / "examples" / "quickstart.ipynb"
 TRAINER_CELL = 2
 
 
-def _alive_workers(job_ids: set) -> int:
-    from ray.util.state import list_actors
+def _actors() -> list:
+    """Every actor of the cluster, from the GCS's table (the state API would need the dashboard)."""
+    import ray._private.state
 
-    actors = list_actors(filters=[("state", "=", "ALIVE")], limit=10000)
-    return sum(1 for a in actors if a.class_name == "_PlainWorker" and a.job_id not in job_ids)
+    return list(ray._private.state.actors().values())
+
+
+def _alive_workers(job_ids: set) -> int:
+    return sum(1 for a in _actors()
+               if a["State"] == "ALIVE" and a["ActorClassName"] == "_PlainWorker" and a["JobID"] not in job_ids)
 
 
 def _text(cell) -> str:
@@ -35,10 +40,9 @@ def _text(cell) -> str:
 
 def test_quickstart_notebook_runs_in_a_kernel_and_leaves_no_workers(ray_cluster, tmp_path, monkeypatch):
     import ray
-    from ray.util.state import list_actors
 
     ours = {ray.get_runtime_context().get_job_id()}
-    before = {a.job_id for a in list_actors(limit=10000)}
+    before = {a["JobID"] for a in _actors()}
     monkeypatch.setenv("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
     monkeypatch.setenv("SGD_RESULTS_DIR", str(tmp_path / "results"))
     monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")

@@ -102,7 +102,7 @@ class SgdTrainable(tune.Trainable):
         # The checkpoint of the newest result Tune got that had one: what Tune's save_checkpoint
         # copies, also when Tune asks by itself (PBT, a pause), never one of a later result.
         self._last_checkpoint: Optional[Path] = None
-        self._handed: set = set()  # names of the sgd checkpoints Tune got
+        self._handed: set = set()  # paths of the sgd checkpoints Tune got
         self._checkpoint_dir: Optional[Path] = None  # this trial's sgd run's checkpoints
         self._warned_iteration_key = False
         self._restored_state: Optional[dict] = None
@@ -221,7 +221,7 @@ class SgdTrainable(tune.Trainable):
             # checkpoint already here is kept safe from sgd's retention meanwhile.
             out = self._hand_pending() if self._pending is not None else None
             if known is not None:
-                self._handed.add(known.name)
+                self._handed.add(str(known))
             self._pending = (current, iteration, self._keep(known, iteration) if known else None)
             if out is not None:
                 return out
@@ -231,21 +231,18 @@ class SgdTrainable(tune.Trainable):
         report (saved after the last one in a run that saves before reporting, or in a run that
         never reports) reaches Tune with it, or, when that report has a checkpoint of its own,
         on one more result of its own (``done``, no metrics)."""
+        out = self._hand_pending() if self._pending is not None else None
         newest = self._newest_checkpoint()
-        trailing = newest if newest is not None and newest.name not in self._handed else None
-        if self._pending is None:
-            if trailing is not None:
-                self._handed.add(trailing.name)
-                self._set_last(trailing)
-            return {DONE: True, SHOULD_CHECKPOINT: trailing is not None}
-        out = self._hand_pending()
+        trailing = newest if newest is not None and str(newest) not in self._handed else None
+        if trailing is not None and (out is None or not out[SHOULD_CHECKPOINT]):
+            self._handed.add(str(trailing))
+            self._set_last(trailing)
+            return dict(out or {}, **{DONE: True, SHOULD_CHECKPOINT: True})
+        if out is None:
+            return {DONE: True, SHOULD_CHECKPOINT: False}
         if trailing is None:
             return dict(out, **{DONE: True})
-        if not out[SHOULD_CHECKPOINT]:
-            self._handed.add(trailing.name)
-            self._set_last(trailing)
-            return dict(out, **{DONE: True, SHOULD_CHECKPOINT: True})
-        return out  # not done yet: the next step() hands the trailing checkpoint
+        return out  # not done yet: the next step() hands the trailing checkpoint on a result of its own
 
     def _hand_pending(self) -> Dict[str, Any]:
         assert self._pending is not None
@@ -253,7 +250,7 @@ class SgdTrainable(tune.Trainable):
         self._pending = None
         checkpoint = kept or (self._iterator.checkpoint_for(iteration) if self._iterator is not None else None)
         if checkpoint is not None and kept is None:
-            self._handed.add(checkpoint.name)
+            self._handed.add(str(checkpoint))
         if checkpoint is not None:
             self._set_last(checkpoint)
         return dict(result, **{SHOULD_CHECKPOINT: checkpoint is not None})
