@@ -227,7 +227,7 @@ def test_restore_rejects_a_folder_that_is_not_a_run(tmp_path):
 @pytest.mark.parametrize(
     "make, error, match",
     [
-        (lambda: ScalingConfig(num_workers=0), ValueError, "num_workers"),
+        (lambda: ScalingConfig(num_workers=-1), ValueError, "num_workers"),
         (lambda: ScalingConfig(use_gpu=False, resources_per_worker={"GPU": 1}), ValueError, "GPU"),
         (lambda: ScalingConfig(placement_strategy="RANDOM"), ValueError, "PACK"),
         (lambda: CheckpointConfig(num_to_keep=0), ValueError, "num_to_keep"),
