@@ -198,3 +198,33 @@ def test_ctrl_c_while_a_checkpoint_is_written_leaves_the_previous_one_the_latest
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["checkpoint_000001"]
     assert json.loads((run_dir / "status.json").read_text())["status"] == "INTERRUPTED"
     assert base_trainer.run(lambda: sgd.world_rank()) == [0, 1]
+
+
+def test_ctrl_c_while_the_workers_start_leaves_no_reservation_behind(ray_cluster, tmp_path):
+    """SIGINT while ``start()`` waits for its placement group (it asks for a resource no node
+    has, so it is certainly waiting): KeyboardInterrupt, and the reservation is released."""
+    import signal
+
+    import ray
+
+    def pending():
+        return [g for g in ray.util.placement_group_table().values() if g.get("state") == "PENDING"]
+
+    before = len(pending())
+    trainer = sgd.Trainer(backend=sgd.BackendConfig(), num_workers=1, logdir=tmp_path, placement_timeout_s=120,
+                          resources_per_worker={"CPU": 1, "sgd_no_such_resource": 1})
+    main = threading.main_thread().ident
+    sent = {}
+
+    def interrupt():
+        wait_for(lambda: len(pending()) > before, timeout=60)  # start() is waiting for its reservation
+        sent["at"] = time.monotonic()
+        signal.pthread_kill(main, signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        trainer.start()
+    assert time.monotonic() - sent["at"] < 10
+    wait_for(lambda: len(pending()) == before, timeout=30, message="the reservation was not released")
+    with pytest.raises(RuntimeError, match="needs started workers"):
+        trainer.stacks()
