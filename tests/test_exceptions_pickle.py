@@ -56,7 +56,9 @@ def _instance(cls: type) -> BaseException:
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or p.default is not p.empty:
             continue
         hint = str(p.annotation)
-        if "int" in hint or "rank" in p.name or p.name == "code":
+        if hint.lower().startswith(("list", "typing.list")):
+            values.append([3] if "int" in hint else [f"{p.name} of the failure"])
+        elif "int" in hint or "rank" in p.name or p.name == "code":
             values.append(3)
         else:
             values.append(f"{p.name} of the failure")
