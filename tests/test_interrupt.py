@@ -68,6 +68,15 @@ def _interrupt_when_blocked(folder: Path, rows: _Rows, sent: dict) -> threading.
     return thread
 
 
+@pytest.fixture(autouse=True)
+def _python_sigint_handler():
+    """Python's own SIGINT handler (KeyboardInterrupt), as a user's process has it: Ray Tune,
+    run earlier in the same test process, leaves a handler of its own installed."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.fixture(scope="module")
 def torch_trainer(ray_cluster_module):
     trainer = sgd.Trainer(backend="torch", num_workers=2)
