@@ -26,14 +26,6 @@ pytest.importorskip("torch")
 LIMIT_S = 5.0
 
 
-def _wait_for_file(path, timeout=600.0):
-    deadline = time.monotonic() + timeout
-    while not os.path.exists(path):
-        if time.monotonic() > deadline:
-            raise TimeoutError(path)
-        time.sleep(0.05)
-
-
 def _blocks_in_all_reduce(config):
     import torch
     import torch.distributed as dist
@@ -44,7 +36,7 @@ def _blocks_in_all_reduce(config):
         Path(config["folder"], "in_all_reduce").touch()
         dist.all_reduce(torch.ones(1))  # rank 1 never joins
     else:
-        _wait_for_file(os.path.join(config["folder"], "never"))
+        wait_for(lambda: os.path.exists(os.path.join(config["folder"], "never")), timeout=600)
 
 
 class _Rows(sgd.TrainingCallback):

@@ -17,22 +17,14 @@ from sgd._internal.controller import stragglers_of
 from sgd_testing import wait_for
 
 
-def _wait_for_file(path, timeout=120.0):
-    deadline = time.monotonic() + timeout
-    while not os.path.exists(path):
-        if time.monotonic() > deadline:
-            raise TimeoutError(path)
-        time.sleep(0.02)
-
-
 def _park_on_rank_0(folder):
     Path(folder, "parked_0").touch()
-    _wait_for_file(os.path.join(folder, "release"))
+    wait_for(lambda: os.path.exists(os.path.join(folder, "release")), timeout=120)
 
 
 def _park_on_rank_1(folder):
     Path(folder, "parked_1").touch()
-    _wait_for_file(os.path.join(folder, "release"))
+    wait_for(lambda: os.path.exists(os.path.join(folder, "release")), timeout=120)
 
 
 def _parks(config):
@@ -55,7 +47,7 @@ def test_stacks_show_where_each_worker_is_while_the_function_runs(base_trainer, 
         assert text.startswith(f"=== rank {rank} (pid ")
         assert "--- thread 'sgd-train' ---" in text  # the training thread, first
         assert f"in _park_on_rank_{rank}" in text and f"in _park_on_rank_{1 - rank}" not in text
-        assert "_wait_for_file" in text  # down to the innermost frame
+        assert "in wait_for" in text  # down to the innermost frame
 
 
 def test_sgd_stacks_asks_a_running_job_from_another_process(base_trainer, tmp_path, capsys):
@@ -92,7 +84,7 @@ def test_stacks_need_a_started_trainer():
 
 
 def _stuck_forever(marker):
-    _wait_for_file(marker + ".never", timeout=300)
+    wait_for(lambda: os.path.exists(marker + ".never"), timeout=300)
 
 
 def _one_rank_hangs_once(config):

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -24,17 +23,10 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import sgd
+from sgd_testing import wait_for
 
 STEPS = 4
 ORDERS = ("report_then_save", "save_then_report", "explicit")
-
-
-def _wait_for_file(path: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not os.path.exists(path):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{path} did not appear")
-        time.sleep(0.01)
 
 
 def _train(config):
@@ -62,7 +54,7 @@ def _train(config):
         racing = (order, phase) in (("save_then_report", 0), ("report_then_save", 1))
         target = fail_step - 1 if order == "save_then_report" else fail_step
         if racing and rank != fail_rank and step == target and not os.path.exists(marker + ".done"):
-            _wait_for_file(marker)
+            wait_for(lambda: os.path.exists(marker), timeout=20, message=f"{marker} did not appear")
             Path(marker + ".done").touch()
         sgd.report(step=step, resumed_from=start)
 
