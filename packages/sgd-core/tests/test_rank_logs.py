@@ -43,3 +43,28 @@ def test_a_failed_rank_has_its_traceback_in_its_log(base_trainer):
     text = (base_trainer.latest_run_dir / "logs" / "rank_1.log").read_text()
     assert "ValueError: boom on rank 1" in text and "in _talks" in text
     assert "boom" not in (base_trainer.latest_run_dir / "logs" / "rank_0.log").read_text()
+
+
+def test_a_log_on_a_full_disk_never_blocks_the_worker(capfd):
+    """Writing the log fails with ENOSPC (``/dev/full``): the worker's output keeps flowing to
+    the console; before, the reader thread died and the worker blocked once the pipe was full."""
+    import threading
+
+    from sgd._worker.rank_logs import RankLog
+
+    log = RankLog(3, "/dev/full")
+    line = b"x" * 1023 + b"\n"
+    done = threading.Event()
+
+    def talk() -> None:
+        for _ in range(1024):  # 1 MiB, 16 times what a pipe holds
+            os.write(1, line)
+        done.set()
+
+    threading.Thread(target=talk, daemon=True).start()
+    finished = done.wait(timeout=30)
+    log.close()
+    assert finished, "the worker blocked writing to its stdout"
+    out, _ = capfd.readouterr()
+    assert "[rank 3] sgd: cannot write /dev/full any more" in out and "No space left on device" in out
+    assert out.count("[rank 3] " + "x" * 1023) == 1024

@@ -136,7 +136,30 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         pytest.skip(f"cannot mount a small tmpfs here ({proc.stderr.strip() or proc.returncode}); "
                     "the injected-ENOSPC tests in test_checkpoint_trust.py cover the same error")
     yield mount
-    subprocess.run(["umount", str(mount)], check=True)
+
+    # A worker the test's trainer stopped may still be exiting with a file open there
+    # (its rank log): unmount once nothing holds the disk, and say who does if it stays busy.
+    def unmounted() -> bool:
+        return subprocess.run(["umount", str(mount)], capture_output=True).returncode == 0
+
+    try:
+        wait_for(unmounted, timeout=30, interval=0.1)
+    except AssertionError as busy:
+        holders = sorted(
+            fd.parent.parent.name
+            for fd in Path("/proc").glob("[0-9]*/fd/*")
+            if _points_into(fd, mount)
+        )
+        subprocess.run(["umount", "--lazy", str(mount)], check=False)
+        raise AssertionError(f"{mount} stayed busy for 30 s after the test; "
+                             f"processes with files open there: {holders}") from busy
+
+
+def _points_into(fd: Path, mount: Path) -> bool:
+    try:
+        return str(fd.readlink()).startswith(str(mount))
+    except OSError:
+        return False
 
 
 @pytest.fixture(autouse=True)

@@ -87,8 +87,19 @@ class RankLog:
             pass
 
     def _log(self, data: bytes) -> None:
-        if self._file is not None:
-            self._file.write(data)
+        if self._files is None:
+            if self._file is None:
+                return
+            try:
+                self._file.write(data)
+            except OSError as e:  # a full disk must not stop the reader: the pipe would fill and block the worker
+                file, self._file = self._file, None
+                try:
+                    file.close()
+                except OSError:
+                    pass
+                self._console(self._prefix + f"sgd: cannot write {self._path} any more ({e}); "
+                              "this rank's output goes to the console only\n".encode(errors="replace"))
             return
         with self._lock:
             self._pending.append(data)
@@ -134,7 +145,10 @@ class RankLog:
             self._sender.join(timeout=5)
         self._send()
         if self._file is not None:
-            self._file.close()
+            try:
+                self._file.close()
+            except OSError:
+                pass
 
 
 def rank_log_path(run_dir: str, rank: int) -> str:
