@@ -211,12 +211,86 @@ def test_restore_continues_a_run_whose_driver_died(ray_cluster, tmp_path):
     assert DataParallelTrainer.can_restore(run_dir)
     with pytest.raises(TypeError, match="unexpected argument 'bogus'"):
         DataParallelTrainer.restore(run_dir, bogus=1)
+    # The training function is kept only pickled: reading it back needs the caller's word.
+    with pytest.raises(sgd.UntrustedCheckpointError, match=r"train_loop_per_worker is kept only pickled.*"
+                       r"restore\(path, train_loop_per_worker=\.\.\.\).*trusted=True"):
+        DataParallelTrainer.restore(run_dir)
     # The saved train_loop_config would block again: replace it.
-    result = DataParallelTrainer.restore(run_dir, train_loop_config={"steps": 6}).fit()
+    result = DataParallelTrainer.restore(run_dir, train_loop_config={"steps": 6}, trusted=True).fit()
     assert result.error is None
     assert Path(result.path) == run_dir
     assert list(result.metrics_dataframe["step"]) == [1, 2, 3, 4, 5, 6]
     assert result.checkpoint.to_dict() == {"step": 6}
+
+
+def _saved_run(tmp_path, **kwargs):
+    """A finished two-step run of ``counting_loop`` whose trainer is saved for restore()."""
+    result = DataParallelTrainer(counting_loop, train_loop_config={"epochs": 2},
+                                 scaling_config=ScalingConfig(num_workers=1),
+                                 run_config=RunConfig(name="saved", storage_path=str(tmp_path), **kwargs)).fit()
+    assert result.error is None
+    return Path(result.path)
+
+
+class _Planted:
+    """Unpickling it writes a file: the proof that a crafted pickle ran."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.write_text, (Path(self.marker), "ran"))
+
+
+def test_restore_reads_settings_from_json_and_never_a_planted_pickle(ray_cluster, tmp_path):
+    import ray.cloudpickle as cloudpickle
+
+    run_dir = _saved_run(tmp_path, failure_config=FailureConfig(max_failures=2))
+    marker = tmp_path / "planted_ran"
+    (run_dir / "air_trainer.pkl").write_bytes(cloudpickle.dumps({"train_loop_per_worker": cloudpickle.dumps(
+        _Planted(marker))}))
+
+    with pytest.raises(sgd.UntrustedCheckpointError, match="train_loop_per_worker"):
+        DataParallelTrainer.restore(run_dir)
+    restored = DataParallelTrainer.restore(run_dir, train_loop_per_worker=counting_loop,
+                                           train_loop_config={"epochs": 3})
+    assert not marker.exists()
+    assert restored.scaling_config == ScalingConfig(num_workers=1)
+    assert restored.run_config.failure_config == FailureConfig(max_failures=2)
+    assert restored.run_config.name == "saved" and restored.run_config.storage_path == str(tmp_path)
+    DataParallelTrainer.restore(run_dir, trusted=True)  # the caller's word: the file is read
+    assert marker.read_text() == "ran"
+    marker.unlink()
+
+    result = restored.fit()
+    assert result.error is None and list(result.metrics_dataframe["epoch"]) == [0, 1, 2]
+    assert not marker.exists()
+
+
+def test_restore_builds_only_the_config_types_sgd_writes(ray_cluster, tmp_path):
+    run_dir = _saved_run(tmp_path)
+    state_file = run_dir / "air_trainer.json"
+    document = json.loads(state_file.read_text())
+    document["state"]["scaling_config"]["type"] = "subprocess.Popen"
+    state_file.write_text(json.dumps(document))
+    with pytest.raises(ValueError, match="'subprocess.Popen' is not a config type sgd-core writes"):
+        DataParallelTrainer.restore(run_dir, train_loop_per_worker=counting_loop)
+
+    document["class"] = "os.system"
+    state_file.write_text(json.dumps(document))
+    with pytest.raises(TypeError, match="written by os.system"):
+        DataParallelTrainer.restore(run_dir, train_loop_per_worker=counting_loop)
+
+
+def test_restore_names_callbacks_kept_only_pickled(ray_cluster, tmp_path):
+    run_dir = _saved_run(tmp_path, callbacks=[sgd.TrainingCallback()])
+    with pytest.raises(sgd.UntrustedCheckpointError,
+                       match=r"run_config\.callbacks\[0\], train_loop_per_worker are kept only pickled.*"
+                       r"run_config=\.\.\., train_loop_per_worker=\.\.\."):
+        DataParallelTrainer.restore(run_dir)
+    restored = DataParallelTrainer.restore(run_dir, train_loop_per_worker=counting_loop,
+                                           run_config=RunConfig(name="saved", storage_path=str(tmp_path)))
+    assert restored.run_config.callbacks is None
 
 
 def test_restore_rejects_a_folder_that_is_not_a_run(tmp_path):

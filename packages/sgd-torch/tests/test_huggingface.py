@@ -264,6 +264,8 @@ def test_transformers_trainer_restore_takes_a_new_trainer_init(ray_cluster, tmp_
     with pytest.raises(TypeError, match="trainer_init_per_worker= and trainer_init_config="):
         TransformersTrainer.restore(failed.path, train_loop_per_worker=accelerate_loop)
     with pytest.raises(TypeError, match="trainer_init_config keys"):  # returns_a_model takes no config
+        TransformersTrainer.restore(failed.path, trainer_init_config={"epochs": 1}, trusted=True)
+    with pytest.raises(sgd.UntrustedCheckpointError, match="trainer_init_per_worker=..."):
         TransformersTrainer.restore(failed.path, trainer_init_config={"epochs": 1})
     restored = TransformersTrainer.restore(
         failed.path, trainer_init_per_worker=init_with_own_dataset,

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from sgd._common.protocol import detailed_metrics_enabled, strip_detailed
+from sgd._internal import saved_trainer
 from sgd.backend import BackendConfig
 from sgd.callbacks import TrainingCallback
 from sgd.checkpoint import Checkpoint, CheckpointStrategy
@@ -35,7 +36,6 @@ logger = logging.getLogger("sgd")
 __all__ = ["ScalingConfig", "RunConfig", "CheckpointConfig", "FailureConfig", "Result", "DataParallelTrainer"]
 
 #: The pickled trainer a run directory keeps, so ``restore(path)`` needs no arguments.
-TRAINER_PICKLE = "air_trainer.pkl"
 
 
 @dataclass
@@ -391,26 +391,18 @@ class DataParallelTrainer:
     # --- restore ----------------------------------------------------------------------
 
     def _save_for_restore(self, run_dir: Optional[Path]) -> None:
-        """Keep this trainer (without its datasets) in the run directory for :meth:`restore`."""
+        """Keep this trainer (without its datasets) in the run directory for :meth:`restore`:
+        its settings as JSON, what JSON cannot hold (the training function) pickled apart."""
         if run_dir is None:
             return
-        import ray.cloudpickle as cloudpickle
-
-        state = dict(self.__dict__, datasets=None, _restore_run_dir=None, _restore_trusted=None)
-        try:
-            data = cloudpickle.dumps((type(self), state))
-        except Exception as exc:  # e.g. a callback holding a lock: restore then needs arguments
-            logger.warning("the trainer could not be pickled for restore(): %s", exc)
-            return
-        tmp = run_dir / f".{TRAINER_PICKLE}.tmp"
-        tmp.write_bytes(data)
-        os.replace(tmp, run_dir / TRAINER_PICKLE)
+        state = saved_trainer.state_of(self, ("datasets", "_restore_run_dir", "_restore_trusted"))
+        saved_trainer.save(run_dir, type(self), state, _SAVED_CONFIGS, _backend_name)
 
     @classmethod
     def can_restore(cls, path: Union[str, os.PathLike]) -> bool:
         """Whether ``path`` is a run directory this trainer can continue."""
         run = Path(path).expanduser()
-        return (run / "trainer.json").exists() and (run / TRAINER_PICKLE).exists()
+        return (run / "trainer.json").exists() and saved_trainer.exists(run)
 
     @classmethod
     def restore(cls, path: Union[str, os.PathLike], train_loop_per_worker: Optional[Callable[..., Any]] = None,
@@ -422,34 +414,45 @@ class DataParallelTrainer:
         already in it are not repeated. Datasets are not saved with the run: pass them
         again. Other arguments (``run_config=``...) replace the saved ones.
 
-        The run goes on from its newest checkpoint that verifies. ``trusted=True`` lets the
-        checkpoints unpickle arbitrary objects (see :class:`sgd.Checkpoint`). The trainer itself
-        (with your training function) is kept pickled in the run directory: restore only run
-        directories you wrote.
+        The trainer's settings are kept as JSON in the run directory; the training function
+        (and anything else JSON cannot hold, such as callbacks) only pickled, and unpickling
+        runs whatever code the file names. So pass the training function again
+        (``restore(path, train_loop_per_worker=train_func)``), or ``trusted=True`` if you wrote
+        the run directory yourself; without either, :class:`sgd.UntrustedCheckpointError` names
+        what is missing. ``trusted=True`` also lets the run's checkpoints unpickle arbitrary
+        objects (see :class:`sgd.Checkpoint`). The run goes on from its newest checkpoint that
+        verifies.
+
+        :raises FileNotFoundError: ``path`` is not a run directory ``fit()`` wrote.
+        :raises TypeError: an argument that is not one of the trainer's, or the run was written
+            by another trainer class.
         """
-        import ray.cloudpickle as cloudpickle
+        from sgd.checkpoint.codecs import resolve_trusted
 
         run = Path(path).expanduser().resolve()
         if not (run / "trainer.json").exists():
             raise FileNotFoundError(f"{run} is not an sgd run directory (no trainer.json); pass result.path")
-        pickled = run / TRAINER_PICKLE
-        if not pickled.exists():
-            raise FileNotFoundError(f"{run} has no {TRAINER_PICKLE}; it was not started by {cls.__name__}.fit()")
-        saved_cls, state = cloudpickle.loads(pickled.read_bytes())
-        if not issubclass(saved_cls, cls) and not issubclass(cls, saved_cls):
-            raise TypeError(f"{run} was written by {saved_cls.__name__}, not {cls.__name__}")
+        if not saved_trainer.exists(run):
+            raise FileNotFoundError(f"{run} has no {saved_trainer.STATE_FILE}; it was not started by "
+                                    f"{cls.__name__}.fit() (or by a version of sgd before 2026-11-26)")
+        saved_cls: Any = saved_trainer.saved_class(
+            run, [*_subclasses(cls), *(c for c in cls.__mro__ if issubclass(c, DataParallelTrainer))])
+        given = dict(overrides)
+        for name, value in (("train_loop_per_worker", train_loop_per_worker),
+                            ("train_loop_config", train_loop_config)):
+            if value is not None:
+                given[name] = value
+        saved = saved_trainer.keys(run)
+        for key in overrides:
+            if key not in saved:
+                raise TypeError(f"{cls.__name__}.restore() got an unexpected argument {key!r}")
+        state = saved_trainer.load(run, [*given, "datasets"], resolve_trusted(trusted), _SAVED_CONFIGS,
+                                   _backend_config, cls.__name__)
         trainer = saved_cls.__new__(saved_cls)
         trainer.__dict__.update(state)
-        if train_loop_per_worker is not None:
-            trainer.train_loop_per_worker = train_loop_per_worker
-        if train_loop_config is not None:
-            trainer.train_loop_config = dict(train_loop_config)
-        if datasets is not None:
-            trainer.datasets = datasets
-        for key, value in overrides.items():
-            if key not in state:
-                raise TypeError(f"{cls.__name__}.restore() got an unexpected argument {key!r}")
-            setattr(trainer, key, value)
+        for key, value in given.items():
+            setattr(trainer, key, dict(value) if key == "train_loop_config" else value)
+        trainer.datasets = datasets
         trainer._restore_run_dir = run
         trainer._restore_trusted = trusted
         return trainer
@@ -491,3 +494,34 @@ class DataParallelTrainer:
 def _check_type(name: str, value: Any, expected: type) -> None:
     if value is not None and not isinstance(value, expected):
         raise TypeError(f"{name} must be a {expected.__name__} (or None), got {type(value).__name__}")
+
+
+def _subclasses(cls: type) -> List[type]:
+    found: List[type] = []
+    sub: type
+    for sub in cls.__subclasses__():
+        found += [sub, *_subclasses(sub)]
+    return found
+
+
+def _backend_name(config: Any) -> Optional[str]:
+    """The name ``config``'s class is registered under as a backend, else ``None``."""
+    from sgd.plugins import available_backends
+
+    if not isinstance(config, BackendConfig):
+        return None
+    for name, spec in available_backends().items():
+        if spec.config_cls is type(config):
+            return name
+    return None
+
+
+def _backend_config(name: str, fields: Dict[str, Any]) -> BackendConfig:
+    from sgd.plugins import resolve_backend
+
+    return resolve_backend(name).config_cls(**fields)
+
+
+#: The config classes air_trainer.json may hold (by module and name; nothing else is built from it).
+_SAVED_CONFIGS: Dict[str, type] = {c.__name__: c for c in (
+    ScalingConfig, RunConfig, CheckpointConfig, FailureConfig, DatasetConfig, CheckpointStrategy, BackendConfig)}

@@ -146,6 +146,8 @@ class AccelerateTrainer(TorchTrainer):
         """
         if "accelerate_config" in overrides:
             raise TypeError(f"{cls.__name__}.restore() cannot change accelerate_config; start a new run")
+        if train_loop_per_worker is not None:  # the loop is rebuilt from it below: the saved one is not read
+            overrides.update(train_loop_function=train_loop_per_worker, train_loop_per_worker=train_loop_per_worker)
         trainer = super().restore(path, train_loop_config=train_loop_config, datasets=datasets, trusted=trusted,
                                   **overrides)
         assert isinstance(trainer, AccelerateTrainer)

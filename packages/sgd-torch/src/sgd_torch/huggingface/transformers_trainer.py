@@ -89,7 +89,8 @@ class TransformersTrainer(TorchTrainer):
         """A trainer that continues the run in ``path`` (see :meth:`sgd.DataParallelTrainer.restore`).
 
         ``trainer_init_per_worker`` and ``trainer_init_config`` replace the saved ones;
-        the datasets must be passed again.
+        the datasets must be passed again. The saved ``trainer_init_per_worker`` is kept only
+        pickled: pass it again, or ``trusted=True`` for a run directory you wrote.
 
         :raises TypeError: ``train_loop_per_worker`` or ``train_loop_config`` was given: this
             trainer's loop is built from ``trainer_init_per_worker``.
@@ -97,9 +98,12 @@ class TransformersTrainer(TorchTrainer):
         if train_loop_per_worker is not None or train_loop_config is not None:
             raise TypeError(f"{cls.__name__}.restore() takes trainer_init_per_worker= and trainer_init_config=, "
                             "not train_loop_per_worker= / train_loop_config=")
+        if trainer_init_per_worker is not None:  # the loop is rebuilt from it below: the saved one is not read
+            overrides.update(trainer_init_per_worker=trainer_init_per_worker,
+                             train_loop_per_worker=trainer_init_per_worker)
         trainer = super().restore(path, datasets=datasets, **overrides)
         assert isinstance(trainer, TransformersTrainer)
-        init = trainer_init_per_worker or trainer.trainer_init_per_worker
+        init = trainer.trainer_init_per_worker
         if trainer_init_config is not None:
             trainer.train_loop_config = dict(trainer_init_config)
         _check_signature(init, trainer.train_loop_config or {})
