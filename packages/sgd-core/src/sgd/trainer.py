@@ -131,7 +131,7 @@ class Trainer:
         self._use_gpu = bool(use_gpu)
         self._resources = resolve_resources(self._use_gpu, resources_per_worker)
         if self._max_workers == 0:
-            check_local(self._use_gpu, self._backend_config)
+            check_local(self._use_gpu)
         if not isinstance(max_retries, int) or max_retries < -1:
             raise ValueError(f"max_retries must be an int >= -1 (-1: unlimited), got {max_retries!r}")
         self.max_retries = max_retries

@@ -152,7 +152,7 @@ class LocalController:
         self.executor.shutdown()
 
 
-def check_local(use_gpu: bool, backend_config: BackendConfig) -> None:
+def check_local(use_gpu: bool) -> None:
     """Whether ``num_workers=0`` can run this: it runs in this process, with this process's
     devices; GPUs are not reserved from Ray (say so), and no backend is set up."""
     if use_gpu and os.environ.get("CUDA_VISIBLE_DEVICES", None) == "":
