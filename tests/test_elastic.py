@@ -13,13 +13,20 @@ def _train(config):
     step = state["step"]
     while step < config["steps"]:
         step += 1
-        sgd.report(step=step, world_size=sgd.world_size(), pid=os.getpid())
-        sgd.save_checkpoint(step=step)
+        if config.get("save_first"):  # the checkpoint goes with the report after it
+            sgd.save_checkpoint(step=step)
+            sgd.report(step=step, world_size=sgd.world_size(), pid=os.getpid())
+        else:
+            sgd.report(step=step, world_size=sgd.world_size(), pid=os.getpid())
+            sgd.save_checkpoint(step=step)
     return sgd.world_size()
 
 
 @pytest.mark.multinode
-def test_shrinks_on_node_loss_and_grows_back(two_node_cluster):
+@pytest.mark.parametrize("save_first", [False, True], ids=["report_then_save", "save_then_report"])
+def test_shrinks_on_node_loss_and_grows_back(two_node_cluster, save_first):
+    """Each resize restarts from the checkpoint that goes with the newest delivered report, in
+    either order of report and checkpoint: every step is reported once, in order."""
     cluster = two_node_cluster
     second = [n for n in cluster.list_all_nodes() if not n.head][0]
     trainer = sgd.Trainer(backend="base", num_workers=(2, 4), max_retries=-1)
@@ -39,7 +46,7 @@ def test_shrinks_on_node_loss_and_grows_back(two_node_cluster):
                 os.kill(results[-1]["pid"], signal.SIGKILL)  # a later restart may grow again
 
     try:
-        sizes = trainer.run(_train, config={"steps": 6}, callbacks=[Chaos()])
+        sizes = trainer.run(_train, config={"steps": 6, "save_first": save_first}, callbacks=[Chaos()])
     finally:
         trainer.shutdown()
     assert [s for s, _, _ in seen] == [1, 2, 3, 4, 5, 6]
