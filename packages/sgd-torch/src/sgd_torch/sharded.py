@@ -186,8 +186,11 @@ _GROUPS: Dict[int, Any] = {}
 
 
 def _checkpoint_group() -> Any:
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    if not (dist.is_available() and dist.is_initialized()):
         return None
+    if dist.get_world_size() == 1 and "gloo" in str(dist.get_backend()):
+        return None  # nothing to run concurrently with training's collectives
+    # Also for one worker over NCCL: DCP's asynchronous save refuses a group without a CPU backend.
     world = dist.group.WORLD
     key = id(world)
     if key not in _GROUPS:
