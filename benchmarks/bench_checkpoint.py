@@ -19,7 +19,9 @@ g. A model sharded with FSDP2 on 2 workers (~1 GB of fp32 parameters, and ~10 MB
    checkpoint=Checkpoint.from_directory(folder))`` with ``checkpoint_upload_mode`` SYNC and
    ASYNC (Ray Train uploads each rank's folder into the run's storage).
 
-Writes benchmarks/results/checkpoint.json and .md.
+Writes benchmarks/results/checkpoint.json and .md. With ``--gpu`` (``nox -s bench -- checkpoint
+--gpu --only g --no-ray-train``) the workers train on GPUs over NCCL, as many as there are up to 2,
+and the table goes to checkpoint_gpu.json and .md.
 """
 
 from __future__ import annotations
@@ -337,12 +339,21 @@ def main() -> int:
     parser.add_argument("--large-mb", type=int, default=1024, help="the large model of case g")
     parser.add_argument("--only", choices=["e", "f", "g"], action="append", help="run only these cases")
     parser.add_argument("--no-ray-train", action="store_true", help="case g without Ray Train side by side")
+    parser.add_argument("--gpu", action="store_true",
+                        help="workers on GPUs (NCCL), as many as there are up to 2; writes checkpoint_gpu.json")
     args = parser.parse_args()
     reps, kills = (3, 2) if args.quick else (5, 4)
     only = set(args.only or ["e", "f", "g"])
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     logdir = Path(tempfile.mkdtemp(prefix="sgd_bench_ckpt_"))
-    trainer = sgd.Trainer(backend="torch", num_workers=2, logdir=logdir, max_retries=-1)
+    workers = 2
+    if args.gpu:
+        import torch
+
+        workers = min(2, torch.cuda.device_count())
+        if workers == 0:
+            parser.error("--gpu: this machine has no CUDA GPU")
+    trainer = sgd.Trainer(backend="torch", num_workers=workers, use_gpu=args.gpu, logdir=logdir, max_retries=-1)
     trainer.start()
     try:
         cases = []
@@ -358,8 +369,16 @@ def main() -> int:
         ray.shutdown()
     if "g" in only and not args.no_ray_train:
         cases += bench_ray_train(args.large_mb, 2 if args.quick else 3, interval, logdir)
-    cases = _keep_cases_not_run(cases, only)
     meta = machine(quick=args.quick)
+    if args.gpu:
+        import torch
+
+        meta["gpu"] = torch.cuda.get_device_name(0)
+        title = (f"sgd checkpoint benchmarks on {meta['gpu']}, {meta['date']}: Python {meta['python']}, "
+                 f"Ray {meta['ray']}, torch {meta['torch']}, {workers} worker(s) (NCCL)")
+        print(write("checkpoint_gpu", title, meta, cases))
+        return 0
+    cases = _keep_cases_not_run(cases, only)
     title = (f"sgd checkpoint benchmarks, {meta['date']}: {meta['cpus']} CPUs, Python {meta['python']}, "
              f"Ray {meta['ray']}, torch {meta['torch']}, 2 workers (gloo)")
     print(write("checkpoint", title, meta, cases))

@@ -287,3 +287,28 @@ def test_fsdp2_over_nccl_saves_and_loads_sharded(ray_cluster, tmp_path):
         assert again[0][2] == {"step": 1}
     finally:
         trainer.shutdown()
+
+
+def test_a_stager_that_closes_itself_after_staging_is_not_reused(monkeypatch):
+    """torch 2.11's DefaultStager closes itself at the end of each staging (pytorch#183413):
+    reused, the second asynchronous save failed with ``KeyError: <class 'type'>`` (seen on an
+    H100). Such a torch is found out by a probe, and each save then stages afresh."""
+    from torch.distributed.checkpoint.staging import DefaultStager
+
+    from sgd_torch import sharded
+
+    real_stage = DefaultStager.stage
+
+    def stage_then_close(self, state_dict, **kwargs):  # what torch 2.11's _stage ends with
+        staged = real_stage(self, state_dict, **kwargs)
+        self._state_dict_stager.close()
+        return staged
+
+    monkeypatch.setattr(sharded, "_REUSABLE", [])
+    monkeypatch.setattr(DefaultStager, "stage", stage_then_close)
+    assert sharded._stager_reusable() is False
+
+    class _Session:
+        pass
+
+    assert sharded._stager(_Session()) is None

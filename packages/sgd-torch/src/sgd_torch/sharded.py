@@ -150,14 +150,37 @@ def _stager(session: Any) -> Any:
     """One stager per run and worker: it keeps the staging copy's memory from one save to the
     next (copied into again, not allocated and faulted in anew: 4x faster staging on CPU)."""
     stager = getattr(session, "_sgd_torch_stager", None)
-    if stager is None:
+    if stager is None and _stager_reusable():
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
         cuda = torch.cuda.is_available()
         stager = DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False,
                                               use_async_staging=False, use_non_blocking_copy=False))
         session._sgd_torch_stager = stager
-    return stager
+    return stager  # None: DCP stages into fresh memory each time
+
+
+_REUSABLE: List[bool] = []
+
+
+def _stager_reusable() -> bool:
+    """Whether this torch's ``DefaultStager`` stages more than once. torch 2.11's closes itself
+    at the end of each staging (pytorch/pytorch#183413): reused, the second save fails with
+    ``KeyError: <class 'type'>``. Tried once per process on a tiny state."""
+    if not _REUSABLE:
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        probe = DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=False,
+                                             use_async_staging=False, use_non_blocking_copy=False))
+        try:
+            for _ in range(2):
+                probe.stage({"t": torch.zeros(1), "meta": {"step": 1}})
+            _REUSABLE.append(True)
+        except Exception:
+            _REUSABLE.append(False)
+        finally:
+            probe.close()
+    return _REUSABLE[0]
 
 
 def _end_of_run(session: Any) -> None:
@@ -165,7 +188,9 @@ def _end_of_run(session: Any) -> None:
     try:
         _wait_for_previous(session)
     finally:
-        session._sgd_torch_stager.close()
+        stager = getattr(session, "_sgd_torch_stager", None)
+        if stager is not None:
+            stager.close()
 
 
 def _wait_for_previous(session: Any) -> None:
