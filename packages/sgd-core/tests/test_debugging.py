@@ -199,17 +199,18 @@ def test_ctrl_c_while_the_workers_start_leaves_no_reservation_behind(ray_cluster
 
     import ray
 
-    def pending():
-        return [g for g in ray.util.placement_group_table().values() if g.get("state") == "PENDING"]
+    def waiting():  # ids of groups not placed and not removed (an earlier test may have left some)
+        return {pid for pid, g in ray.util.placement_group_table().items()
+                if g.get("state") not in ("CREATED", "REMOVED")}
 
-    before = len(pending())
+    before = waiting()
     trainer = sgd.Trainer(backend=sgd.BackendConfig(), num_workers=1, logdir=tmp_path, placement_timeout_s=120,
                           resources_per_worker={"CPU": 1, "sgd_no_such_resource": 1})
     main = threading.main_thread().ident
     sent = {}
 
     def interrupt():
-        wait_for(lambda: len(pending()) > before, timeout=60)  # start() is waiting for its reservation
+        sent["ours"] = wait_for(lambda: waiting() - before, timeout=60)  # start() waits for its reservation
         sent["at"] = time.monotonic()
         signal.pthread_kill(main, signal.SIGINT)
 
@@ -217,6 +218,6 @@ def test_ctrl_c_while_the_workers_start_leaves_no_reservation_behind(ray_cluster
     with pytest.raises(KeyboardInterrupt):
         trainer.start()
     assert time.monotonic() - sent["at"] < 10
-    wait_for(lambda: len(pending()) == before, timeout=30, message="the reservation was not released")
+    wait_for(lambda: not sent["ours"] & waiting(), timeout=30, message="the reservation was not released")
     with pytest.raises(RuntimeError, match="needs started workers"):
         trainer.stacks()
