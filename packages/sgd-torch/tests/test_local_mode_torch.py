@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 
 import sgd
@@ -42,3 +43,38 @@ def test_torch_helpers_work_in_local_mode(tmp_path):
     assert rows[0]["distributed"] is False  # no process group: the backend is not set up
     state = trainer.latest_checkpoint
     assert state["epoch"] == 1 and isinstance(state["model"]["weight"], torch.Tensor)
+
+
+def _on_gpu(config):
+    model = sgd_torch.prepare_model(torch.nn.Linear(4, 1))
+    data = torch.utils.data.TensorDataset(torch.randn(16, 4), torch.randn(16, 1))
+    loader = sgd_torch.prepare_data_loader(torch.utils.data.DataLoader(data, batch_size=8))
+    x, y = next(iter(loader))
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    sgd.report(device=str(sgd_torch.get_device()), weights=next(model.parameters()).device.type,
+               batch=x.device.type, loss=loss.item())
+    sgd.save_checkpoint(model=model.state_dict())
+
+
+@pytest.mark.gpu
+def test_local_mode_with_use_gpu_trains_on_this_process_gpu(tmp_path):
+    trainer = sgd.Trainer(backend="torch", num_workers=0, use_gpu=True, logdir=tmp_path)
+    trainer.start()
+    try:
+        rows = [r[0] for r in trainer.run_iterator(_on_gpu)]
+    finally:
+        trainer.shutdown()
+    assert (rows[0]["device"], rows[0]["weights"], rows[0]["batch"]) == ("cuda:0", "cuda", "cuda")
+    assert trainer.latest_checkpoint["model"]["weight"].device.type == "cpu"  # as from any GPU worker
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine whose driver has no GPU")
+def test_local_mode_with_use_gpu_and_no_gpu_says_why(tmp_path):
+    trainer = sgd.Trainer(backend="torch", num_workers=0, use_gpu=True, logdir=tmp_path)
+    trainer.start()
+    try:
+        with pytest.raises(RuntimeError, match=r"driver's process, which sees 0 CUDA GPU\(s\) and needs 1"):
+            trainer.run(_on_gpu)
+    finally:
+        trainer.shutdown()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import math
 import os
 import re
 import weakref
@@ -284,7 +285,8 @@ class Trainer:
         # trainer's own (pytest keeps one per session; nothing is registered process-wide).
         hook = plugin_manager_for(self.plugins).hook
         if self._max_workers == 0:  # local mode: the function in this process
-            return LocalController(self._backend_config, hook)  # type: ignore[return-value]
+            gpus = max(1, math.ceil(self._resources.get("GPU", 1))) if self._use_gpu else 0
+            return LocalController(self._backend_config, hook, gpus)  # type: ignore[return-value]
         executor = BackendExecutor(self._backend_config, self._max_workers, self._resources,
                                    min_workers=self._min_workers, placement_strategy=self.placement_strategy,
                                    placement_timeout_s=self.placement_timeout_s, hook=hook)

@@ -47,6 +47,17 @@ def get_devices() -> List[torch.device]:
     """All of this worker's devices: each GPU Ray gave it (several with
     ``resources_per_worker={"GPU": 2}``), in order, else ``[cpu]``. The first is
     :func:`get_device`."""
+    run = _current_run()
+    local = run.context.local_gpus if run is not None else None
+    if local is not None:  # local mode (num_workers=0): the driver's own GPUs when use_gpu=True
+        if not local:
+            return [torch.device("cpu")]
+        if torch.cuda.device_count() < len(local):
+            raise RuntimeError(
+                f"Trainer(num_workers=0, use_gpu=True) runs the function in the driver's process, which sees "
+                f"{torch.cuda.device_count()} CUDA GPU(s) and needs {len(local)}; run where the driver has a GPU, "
+                "or use num_workers=1 for a worker on a node with one")
+        return [torch.device("cuda", i) for i in local]
     if not torch.cuda.is_available():
         return [torch.device("cpu")]
     own = [g for g in os.environ.get("SGD_OWN_GPU_IDS", "").split(",") if g]

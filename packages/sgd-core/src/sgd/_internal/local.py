@@ -59,10 +59,11 @@ class LocalExecutor:
     worker_group = None
     num_workers = 1
 
-    def __init__(self, backend_config: BackendConfig, hook: Any) -> None:
+    def __init__(self, backend_config: BackendConfig, hook: Any, gpus: int = 0) -> None:
         self.backend_config = backend_config
         self.backend = backend_config.backend_cls()
         self.hook = hook
+        self.gpus = gpus
         self.session: Optional[Session] = None
         self._context: Optional[WorkerContext] = None
 
@@ -73,6 +74,7 @@ class LocalExecutor:
     def start_training(self, spec: RunSpec, checkpoint: Optional[dict], start_iteration: int) -> LocalCollector:
         info = dict(spec.worker_run_info)
         context = WorkerContext(world_rank=0, local_rank=0, world_size=1, node_rank=0, local_world_size=1,
+                                local_gpus=tuple(range(self.gpus)),
                                 **{k: v for k, v in info.items() if k in _CONTEXT_FIELDS})
         shards = shard_datasets(spec.dataset, 1, spec.dataset_config)
         backend_cls = type(self.backend)
@@ -133,8 +135,8 @@ class LocalRun(ActiveRun):
 class LocalController:
     """``RunController`` for ``num_workers=0``."""
 
-    def __init__(self, backend_config: BackendConfig, hook: Any) -> None:
-        self.executor = LocalExecutor(backend_config, hook)
+    def __init__(self, backend_config: BackendConfig, hook: Any, gpus: int = 0) -> None:
+        self.executor = LocalExecutor(backend_config, hook, gpus)
         self.max_retries = 0  # no worker process can die: an error is the function's own
         self.hang_timeout_s: Optional[float] = None
 

@@ -94,6 +94,11 @@ class WorkerContext:
         """The Ray Tune trial's id when the run is a Tune trial, else ``None``."""
         return self.trial_id
 
+    #: Local mode only (``num_workers=0``): the CUDA device indexes of the driver's process the
+    #: function may use (``(0,)`` with ``use_gpu=True``, ``()`` without). ``None`` in a worker
+    #: actor, whose GPUs are the ones Ray gave it (``CUDA_VISIBLE_DEVICES``).
+    local_gpus: Optional[Tuple[int, ...]] = None
+
     # How this worker reaches the driver's disk (set at the start of each run).
     driver_node_id: Optional[str] = None
     #: A ``DriverFileServer`` actor's handle, on runs with workers on other hosts.
