@@ -192,32 +192,64 @@ def test_ctrl_c_while_a_checkpoint_is_written_leaves_the_previous_one_the_latest
     assert base_trainer.run(lambda: sgd.world_rank()) == [0, 1]
 
 
+_START_THEN_CTRL_C = '''
+import sys, time
+import ray
+import sgd
+from sgd_testing import wait_for
+
+ray.init(address=sys.argv[1])
+
+def waiting():  # ids of this job's groups that are neither placed nor removed
+    return {pid for pid, g in ray.util.placement_group_table().items()
+            if g.get("state") not in ("CREATED", "REMOVED")}
+
+before = waiting()
+trainer = sgd.Trainer(backend=sgd.BackendConfig(), num_workers=1, logdir=sys.argv[2], placement_timeout_s=120,
+                      resources_per_worker={"CPU": 1, "sgd_no_such_resource": 1})
+try:
+    trainer.start()
+except KeyboardInterrupt:
+    print("INTERRUPTED", time.monotonic(), flush=True)
+wait_for(lambda: not waiting() - before, timeout=30, message="the reservation was not released")
+print("RELEASED", flush=True)
+try:
+    trainer.stacks()
+except RuntimeError as exc:
+    print("STACKS:", exc, flush=True)
+'''
+
+
 def test_ctrl_c_while_the_workers_start_leaves_no_reservation_behind(ray_cluster, tmp_path):
-    """SIGINT while ``start()`` waits for its placement group (it asks for a resource no node
-    has, so it is certainly waiting): KeyboardInterrupt, and the reservation is released."""
+    """Ctrl-C (SIGINT to a driver process of its own) while ``start()`` waits for its placement
+    group (it asks for a resource no node has, so it is certainly waiting): KeyboardInterrupt
+    within seconds, and the reservation is released by sgd while that driver still lives (its
+    job ending would remove it too, so the driver checks before it exits)."""
     import signal
+    import subprocess
+    import sys
 
     import ray
 
-    def waiting():  # ids of groups not placed and not removed (an earlier test may have left some)
+    def waiting():
         return {pid for pid, g in ray.util.placement_group_table().items()
                 if g.get("state") not in ("CREATED", "REMOVED")}
 
     before = waiting()
-    trainer = sgd.Trainer(backend=sgd.BackendConfig(), num_workers=1, logdir=tmp_path, placement_timeout_s=120,
-                          resources_per_worker={"CPU": 1, "sgd_no_such_resource": 1})
-    main = threading.main_thread().ident
-    sent = {}
-
-    def interrupt():
-        sent["ours"] = wait_for(lambda: waiting() - before, timeout=60)  # start() waits for its reservation
-        sent["at"] = time.monotonic()
-        signal.pthread_kill(main, signal.SIGINT)
-
-    threading.Thread(target=interrupt, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
-        trainer.start()
-    assert time.monotonic() - sent["at"] < 10
-    wait_for(lambda: not sent["ours"] & waiting(), timeout=30, message="the reservation was not released")
-    with pytest.raises(RuntimeError, match="needs started workers"):
-        trainer.stacks()
+    proc = subprocess.Popen([sys.executable, "-c", _START_THEN_CTRL_C, ray.get_runtime_context().gcs_address,
+                             str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: waiting() - before or proc.poll() is not None, timeout=60,
+                 message="the driver's start() never asked for its placement group")
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err[-3000:]
+    interrupted = [line for line in out.splitlines() if line.startswith("INTERRUPTED")]
+    assert interrupted and float(interrupted[0].split()[1]) - sent < 10, out
+    assert "RELEASED" in out and "STACKS: " in out and "needs started workers" in out, out
