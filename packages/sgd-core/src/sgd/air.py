@@ -435,19 +435,19 @@ class DataParallelTrainer:
         if not saved_trainer.exists(run):
             raise FileNotFoundError(f"{run} has no {saved_trainer.STATE_FILE}; it was not started by "
                                     f"{cls.__name__}.fit() (or by a version of sgd before 2026-11-26)")
-        saved_cls: Any = saved_trainer.saved_class(
-            run, [*_subclasses(cls), *(c for c in cls.__mro__ if issubclass(c, DataParallelTrainer))])
+        saved = saved_trainer.SavedTrainer(run)
+        saved_cls: Any = saved.saved_class(
+            [*_subclasses(cls), *(c for c in cls.__mro__ if issubclass(c, DataParallelTrainer))])
         given = dict(overrides)
         for name, value in (("train_loop_per_worker", train_loop_per_worker),
                             ("train_loop_config", train_loop_config)):
             if value is not None:
                 given[name] = value
-        saved = saved_trainer.keys(run)
         for key in overrides:
-            if key not in saved:
+            if key not in saved.keys:
                 raise TypeError(f"{cls.__name__}.restore() got an unexpected argument {key!r}")
-        state = saved_trainer.load(run, [*given, "datasets"], resolve_trusted(trusted), _SAVED_CONFIGS,
-                                   _backend_config, cls.__name__)
+        state = saved.load([*given, "datasets"], resolve_trusted(trusted), _SAVED_CONFIGS, _backend_config,
+                           cls.__name__)
         trainer = saved_cls.__new__(saved_cls)
         trainer.__dict__.update(state)
         for key, value in given.items():
@@ -523,5 +523,5 @@ def _backend_config(name: str, fields: Dict[str, Any]) -> BackendConfig:
 
 
 #: The config classes air_trainer.json may hold (by module and name; nothing else is built from it).
-_SAVED_CONFIGS: Dict[str, type] = {c.__name__: c for c in (
-    ScalingConfig, RunConfig, CheckpointConfig, FailureConfig, DatasetConfig, CheckpointStrategy, BackendConfig)}
+_SAVED_CONFIGS: Tuple[type, ...] = (
+    ScalingConfig, RunConfig, CheckpointConfig, FailureConfig, DatasetConfig, CheckpointStrategy, BackendConfig)

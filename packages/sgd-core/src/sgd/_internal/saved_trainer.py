@@ -33,8 +33,8 @@ def class_name(cls: type) -> str:
 
 
 class _Encoder:
-    def __init__(self, known: Mapping[str, type], backend_name: Callable[[Any], Optional[str]]) -> None:
-        self._known = {class_name(c): c for c in known.values()}
+    def __init__(self, known: Iterable[type], backend_name: Callable[[Any], Optional[str]]) -> None:
+        self._known = {class_name(c): c for c in known}
         self._backend_name = backend_name
         self.pickled: Dict[str, Any] = {}
 
@@ -58,14 +58,14 @@ class _Encoder:
             if name is not None:
                 return {_TAG: "backend", "name": name,
                         "fields": {k: self.encode(v, f"{where}.{k}") for k, v in fields.items()}}
-            if class_name(type(value)) in self._known and self._known[class_name(type(value))] is type(value):
+            if self._known.get(class_name(type(value))) is type(value):
                 return {_TAG: "config", "type": class_name(type(value)),
                         "fields": {k: self.encode(v, f"{where}.{k}") for k, v in fields.items()}}
         self.pickled[where] = value
         return {_TAG: "pickled", "name": where}
 
 
-def save(run_dir: Path, cls: type, state: Mapping[str, Any], known: Mapping[str, type],
+def save(run_dir: Path, cls: type, state: Mapping[str, Any], known: Iterable[type],
          backend_name: Callable[[Any], Optional[str]]) -> None:
     """Write ``state`` (attribute name → value) as ``air_trainer.json``, and what JSON cannot
     hold as ``air_trainer.pkl``. A value that cannot be pickled either is left out with a
@@ -102,72 +102,74 @@ def exists(run_dir: Path) -> bool:
     return (run_dir / STATE_FILE).is_file()
 
 
-def saved_class(run_dir: Path, candidates: Iterable[type]) -> type:
-    """The class among ``candidates`` (already imported) that wrote ``run_dir``.
+class SavedTrainer:
+    """``air_trainer.json`` of one run directory, read once.
 
-    :raises TypeError: none of them did.
+    :raises ValueError: the file cannot be read or is not in this version's format.
     """
-    name = _read(run_dir)["class"]
-    for cls in candidates:
-        if class_name(cls) == name:
-            return cls
-    raise TypeError(f"{run_dir} was written by {name}, which is neither the class restore() was called on "
-                    "nor one of its subclasses; call restore() on that class")
 
+    def __init__(self, run_dir: Path) -> None:
+        path = run_dir / STATE_FILE
+        try:
+            document = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{path} cannot be read ({exc}); the run cannot be restored") from exc
+        if (not isinstance(document, dict) or document.get("format") != FORMAT
+                or not isinstance(document.get("state"), dict)):
+            raise ValueError(f"{path} is not a trainer state this version of sgd writes (format {FORMAT})")
+        self.run_dir = run_dir
+        self._document = document
+        #: The attribute names the saved trainer has.
+        self.keys: List[str] = list(document["state"])
 
-def keys(run_dir: Path) -> List[str]:
-    """The attribute names the saved trainer has."""
-    return list(_read(run_dir)["state"])
+    def saved_class(self, candidates: Iterable[type]) -> type:
+        """The class among ``candidates`` (already imported) that wrote the run.
 
+        :raises TypeError: none of them did.
+        """
+        name = self._document["class"]
+        for cls in candidates:
+            if class_name(cls) == name:
+                return cls
+        raise TypeError(f"{self.run_dir} was written by {name}, which is neither the class restore() was called "
+                        "on nor one of its subclasses; call restore() on that class")
 
-def _read(run_dir: Path) -> Dict[str, Any]:
-    path = run_dir / STATE_FILE
-    try:
-        document = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"{path} cannot be read ({exc}); the run cannot be restored") from exc
-    if (not isinstance(document, dict) or document.get("format") != FORMAT
-            or not isinstance(document.get("state"), dict)):
-        raise ValueError(f"{path} is not a trainer state this version of sgd writes (format {FORMAT})")
-    return document
+    def load(self, given: Iterable[str], trusted: bool, known: Iterable[type],
+             backend_config: Callable[[str, Dict[str, Any]], Any], who: str) -> Dict[str, Any]:
+        """The saved state, attribute name → value, without the attributes in ``given`` (the
+        caller passes them again).
 
+        :param trusted: whether values kept only pickled may be unpickled.
+        :raises sgd.UntrustedCheckpointError: a value not given again is kept only pickled and
+            ``trusted`` is false (the message names each one).
+        :raises ValueError: a value not given again could not be saved at all.
+        """
+        from sgd.errors import UntrustedCheckpointError
 
-def load(run_dir: Path, given: Iterable[str], trusted: bool, known: Mapping[str, type],
-         backend_config: Callable[[str, Dict[str, Any]], Any], who: str) -> Dict[str, Any]:
-    """The saved state, attribute name → value, without the attributes in ``given`` (the caller
-    passes them again).
+        run_dir, document = self.run_dir, self._document
+        given = set(given)
+        state = {k: v for k, v in document["state"].items() if k not in given}
+        needed = [n for n in document.get("pickled", []) if _top(n) not in given]
+        lost = [n for n in document.get("unpicklable", []) if n in needed]
+        if lost:
+            raise ValueError(f"{run_dir}: the trainer's {', '.join(lost)} could not be saved when the run started; "
+                             f"pass {', '.join(sorted({_top(n) + '=' for n in lost}))} to {who}.restore()")
+        pickled: Dict[str, Any] = {}
+        if needed:
+            if not trusted:
+                arguments = ", ".join(sorted({_top(n) + "=..." for n in needed}))
+                raise UntrustedCheckpointError(
+                    f"{run_dir}: the trainer's {', '.join(needed)} {'is' if len(needed) == 1 else 'are'} kept only "
+                    f"pickled ({PICKLE_FILE}), and unpickling runs whatever code the file names. Pass "
+                    f"{'it' if len(needed) == 1 else 'them'} again ({who}.restore(path, {arguments})), or pass "
+                    "trusted=True (or set SGD_TRUST_CHECKPOINTS=1) if you wrote this run directory yourself."
+                )
+            import ray.cloudpickle as cloudpickle
 
-    :param trusted: whether values kept only pickled may be unpickled.
-    :raises sgd.UntrustedCheckpointError: a value not given again is kept only pickled and
-        ``trusted`` is false (the message names each one).
-    :raises ValueError: a value not given again could not be saved at all.
-    """
-    from sgd.errors import UntrustedCheckpointError
-
-    document = _read(run_dir)
-    given = set(given)
-    state = {k: v for k, v in document["state"].items() if k not in given}
-    needed = [n for n in document.get("pickled", []) if _top(n) not in given]
-    lost = [n for n in document.get("unpicklable", []) if n in needed]
-    if lost:
-        raise ValueError(f"{run_dir}: the trainer's {', '.join(lost)} could not be saved when the run started; "
-                         f"pass {', '.join(sorted({_top(n) + '=' for n in lost}))} to {who}.restore()")
-    pickled: Dict[str, Any] = {}
-    if needed:
-        if not trusted:
-            arguments = ", ".join(sorted({_top(n) + "=..." for n in needed}))
-            raise UntrustedCheckpointError(
-                f"{run_dir}: the trainer's {', '.join(needed)} {'is' if len(needed) == 1 else 'are'} kept only "
-                f"pickled ({PICKLE_FILE}), and unpickling runs whatever code the file names. Pass "
-                f"{'it' if len(needed) == 1 else 'them'} again ({who}.restore(path, {arguments})), or pass "
-                "trusted=True (or set SGD_TRUST_CHECKPOINTS=1) if you wrote this run directory yourself."
-            )
-        import ray.cloudpickle as cloudpickle
-
-        kept = cloudpickle.loads((run_dir / PICKLE_FILE).read_bytes())
-        pickled = {n: cloudpickle.loads(kept[n]) for n in needed}
-    decoder = _Decoder({class_name(c): c for c in known.values()}, backend_config, pickled, run_dir)
-    return {k: decoder.decode(v) for k, v in state.items()}
+            kept = cloudpickle.loads((run_dir / PICKLE_FILE).read_bytes())  # trusted: the caller's word
+            pickled = {n: cloudpickle.loads(kept[n]) for n in needed}
+        decoder = _Decoder({class_name(c): c for c in known}, backend_config, pickled, run_dir)
+        return {k: decoder.decode(v) for k, v in state.items()}
 
 
 def _top(name: str) -> str:
