@@ -31,29 +31,27 @@ def _version(dist: Optional[str]) -> str:
         return "-"
 
 
-def _answer(hook: Any, plugin_name: str) -> List[Any]:
-    """What one plugin's implementation of a discovery hook returns ([] if none or it fails)."""
-    for impl in hook.get_hookimpls():
-        if impl.plugin_name == plugin_name:
-            try:
-                return list(impl.function() or [])
-            except Exception:
-                return []
-    return []
+def _answers(pm: Any, hook_name: str) -> Dict[str, List[Any]]:
+    """Plugin name → what its implementation of a discovery hook returns ([] if it fails), each
+    plugin asked on its own through pluggy (:func:`sgd.plugins.ask_each`)."""
+    return {answer.plugin: [item for value in answer.values for item in (value or [])]
+            for answer in plugins.ask_each(pm, hook_name) if answer.error is None}
 
 
 def plugin_table() -> List[Dict[str, Any]]:
     """One record per loaded plugin: name, distribution, version, what it provides."""
     pm = plugins.get_plugin_manager()
     backends = plugins.available_backends()
+    declared = {hook: _answers(pm, hook)
+                for hook in ("sgd_backends", "sgd_callbacks", "sgd_checkpoint_storage_schemes")}
     rows = []
     for name, plugin in pm.list_name_plugin():
         if plugin is None:
             continue
         dist = plugins.plugin_distribution(name)
-        provided_backends = [s.name for s in _answer(pm.hook.sgd_backends, name)]
-        callbacks = [c.__name__ for c in _answer(pm.hook.sgd_callbacks, name)]
-        schemes = [str(s) for s in _answer(pm.hook.sgd_checkpoint_storage_schemes, name)]
+        provided_backends = [s.name for s in declared["sgd_backends"].get(name, [])]
+        callbacks = [c.__name__ for c in declared["sgd_callbacks"].get(name, [])]
+        schemes = [str(s) for s in declared["sgd_checkpoint_storage_schemes"].get(name, [])]
         hooks = sorted(h.name for h in pm.get_hookcallers(plugin) or [])
         rows.append(
             {

@@ -6,6 +6,10 @@ plugin (``sgd._builtin``), so core goes through the same hooks.
 
 Hook implementations may accept fewer arguments than the spec lists (pluggy
 passes only the ones they name), so specs can grow without breaking plugins.
+Every hook is called through pluggy, so ``@sgd.hookimpl(wrapper=True)`` (or the older
+``hookwrapper=True``), ``tryfirst``/``trylast`` and ``firstresult`` work as pluggy documents.
+An implementation whose name matches none of these specs is refused (``check_pending``),
+with an error naming the plugin and the hook.
 This module imports nothing heavy; types used only in annotations are imported
 under ``TYPE_CHECKING``.
 """
@@ -32,8 +36,10 @@ hookimpl = pluggy.HookimplMarker("sgd")
 def sgd_backends() -> Sequence[BackendSpec]:
     """Declare the training backends this plugin provides.
 
-    Called once when plugins are loaded. Every plugin may answer; the answers
-    are merged. Two plugins declaring the same backend name is an error that
+    Called when the backend table is first needed. Each plugin is asked on its own (a
+    pluggy call per plugin, so that every answer is attributed to its plugin; wrappers wrap
+    each plugin's answer); the answers are merged. A plugin that raises is recorded as a
+    failure, by name, and left out. Two plugins declaring the same backend name is an error that
     ``sgd plugins`` reports and that :class:`sgd.Trainer` raises when the name
     is asked for.
 
@@ -131,9 +137,12 @@ def sgd_backend_teardown(worker_group: Workers, backend_config: BackendConfig, b
     """Undo :func:`sgd_backend_setup` (destroy process groups...) before the workers stop.
 
     Called by ``Trainer.shutdown`` while the workers are still alive (not after a
-    failed run: those workers are killed). All implementations are called; errors
-    are logged, not raised, so that the workers are always released. The built-in
-    one runs ``backend.on_shutdown`` last.
+    failed run: those workers are killed). All implementations are called, in one pluggy
+    call (wrappers see it and its result). An implementation that raises is logged with its
+    plugin's name, not raised, and does not stop the others: the implementations after it
+    are called in a second call (which wrappers see too), so the workers are always released.
+    The built-in one (``trylast``) runs ``backend.on_shutdown``, after every implementation
+    that is not ``trylast`` itself.
 
     :param worker_group: the workers about to be stopped.
     :param backend_config: the trainer's backend configuration.
