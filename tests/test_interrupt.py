@@ -62,10 +62,14 @@ def _interrupt_when_blocked(folder: Path, rows: _Rows, sent: dict) -> threading.
 
 @pytest.fixture(autouse=True)
 def _python_sigint_handler():
-    """Python's own SIGINT handler (KeyboardInterrupt), as a user's process has it: Ray Tune,
-    run earlier in the same test process, leaves a handler of its own installed."""
+    """Python's own SIGINT handler (KeyboardInterrupt), SIGINT not blocked, as a user's process
+    has it: Ray Tune, run earlier in the same test process, leaves a handler of its own installed,
+    and a suite started in the background by a non-interactive shell has SIGINT ignored
+    (docs/debugging.md)."""
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     yield
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     signal.signal(signal.SIGINT, previous)
 
 

@@ -24,6 +24,7 @@ from sgd._common.placement import (  # noqa: F401
     placement_timeout_s,
     wait_for_placement,
 )
+from sgd._common.waits import wait
 from sgd._worker.session import WorkerContext
 from sgd.errors import ResourcesUnavailableError
 from sgd.utils import ensure_ray
@@ -253,7 +254,7 @@ class WorkerGroup:
             timeout = max(self._placement_timeout_s or 0.0, placement_timeout_s())
             refs = [a._sgd_metadata.remote() for a in actors]
             # Bounded: a reservation on a lost node may never be honoured.
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+            ready, _ = wait(refs, timeout=timeout)
             if len(ready) < len(refs):
                 raise ResourcesUnavailableError(
                     f"{len(refs)} workers did not start within {timeout:.0f}s (a node of the "
@@ -422,7 +423,7 @@ class WorkerGroup:
         workers, self.workers = self.workers, []
         if patience_s > 0:
             refs = [w.__ray_terminate__.remote() for w in workers]
-            ray.wait(refs, num_returns=len(refs), timeout=patience_s)
+            wait(refs, timeout=patience_s)
         for w in workers:
             ray.kill(w, no_restart=True)
             self._preloads.pop(w._actor_id, None)
@@ -507,7 +508,7 @@ class WorkerGroup:
         or its process frozen) gets a line that says so."""
         self._check_running()
         refs = [w._sgd_stacks.remote(include_idle) for w in self.workers]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        ready, _ = wait(refs, timeout=timeout_s)
         out = []
         for rank, ref in enumerate(refs):
             if ref not in ready:
@@ -535,7 +536,7 @@ class WorkerGroup:
         refs = self.execute_async(fn, *args, **kwargs)
         pending = list(refs)
         while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
+            ready, pending = wait(pending, num_returns=1)
             try:
                 ray.get(ready)
             except Exception:
@@ -543,7 +544,7 @@ class WorkerGroup:
                 # whichever failed first), not forever: one may be blocked in a collective
                 # the failed worker will never join. Their results are read, so that Ray
                 # does not log their errors as "unhandled" later.
-                done = ray.wait(pending, num_returns=len(pending), timeout=EXECUTE_ERROR_GRACE_S)[0] if pending else []
+                done = wait(pending, timeout=EXECUTE_ERROR_GRACE_S)[0]
                 for ref in done:
                     try:
                         ray.get(ref)

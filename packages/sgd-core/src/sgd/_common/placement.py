@@ -14,6 +14,7 @@ import ray
 from ray.util.placement_group import PlacementGroup
 
 from sgd._common.scaling import fit_per_node
+from sgd._common.waits import wait
 from sgd.errors import ResourcesUnavailableError
 
 logger = logging.getLogger("sgd")
@@ -47,8 +48,8 @@ def wait_for_placement(pg: PlacementGroup, bundle: Dict[str, float], count: int,
         timeout = placement_timeout_s() if feasible else infeasible_timeout_s()
     deadline = time.monotonic() + timeout
     ready = pg.ready()
-    while True:
-        done, _ = ray.wait([ready], timeout=min(5.0, max(0.0, deadline - time.monotonic())))
+    while True:  # what fits where is logged every 5 s; Ctrl-C is handled within a wait slice
+        done, _ = wait([ready], timeout=min(5.0, max(0.0, deadline - time.monotonic())))
         if done:
             return
         if time.monotonic() >= deadline:
