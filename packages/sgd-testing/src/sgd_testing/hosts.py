@@ -9,7 +9,9 @@ another, a port bound on the wrong address, a host that disappears with every pr
 - **worker hosts** at ``127.0.0.3``, ``127.0.0.4``, ... with their own CPUs, each in its own
   session (``setsid``) and its own mount namespace (``unshare -m``) with a private ``/tmp``,
   ``/dev/shm`` and ``~/sgd_results``: nothing the driver writes there is visible to them and
-  nothing they write there reaches the driver except through sgd.
+  nothing they write there reaches the driver except through sgd. The interpreter, its
+  environment and the checkout stay shared, also where they lie under ``/tmp``
+  (:mod:`sgd_testing.host_mounts`).
 
 Every address in ``127.0.0.0/8`` reaches this machine's loopback interface, so the hosts talk
 over TCP exactly as separate machines would. A host is stopped through its own processes (its
@@ -30,16 +32,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shlex
 import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 from sgd_testing.fixtures import wait_for
+from sgd_testing.host_mounts import in_private_namespace, shared_paths
 
 #: The head's address (the driver's host).
 HEAD_IP = "127.0.0.2"
@@ -145,13 +147,12 @@ class Host:
         self.drained = False
         cmd = self._command()
         if self.private:
-            # A private /tmp, /dev/shm and results directory: this host's disk is its own.
+            # A private /tmp, /dev/shm and results directory: this host's disk is its own, with
+            # the interpreter, its environment and the code shared (sgd_testing.host_mounts).
             results = Path.home() / "sgd_results"
             results.mkdir(parents=True, exist_ok=True)
-            mounts = " && ".join(f"mount -t tmpfs sgd-{self.ip} {shlex.quote(str(p))}"
-                                 for p in ("/tmp", "/dev/shm", results))
-            cmd = ["unshare", "-m", "--propagation", "private", "sh", "-c",
-                   f"{mounts} && exec {' '.join(shlex.quote(c) for c in cmd)}"]
+            cmd = in_private_namespace(cmd, ("/tmp", "/dev/shm", str(results)), self.cluster.shared,
+                                       stage=str(self.cluster.base_dir / f"mounts-{self.ip}"), label=f"sgd-{self.ip}")
         env = {**os.environ, **CLUSTER_ENV, **self.cluster.auth_env(), **self.cluster.env}
         env.pop("RAY_ADDRESS", None)
         log = open(self.log_path, "ab")
@@ -284,6 +285,9 @@ class HostCluster:
     :param private: give worker hosts private mount namespaces (``/tmp``, ``/dev/shm``,
         ``~/sgd_results``); needs root.
     :param env: extra environment for every Ray process of the cluster.
+    :param shared: more paths the worker hosts see as the driver does, besides those
+        :func:`~sgd_testing.host_mounts.shared_paths` finds (the interpreter, ``sys.path``,
+        editable checkouts, the working directory) when the cluster is made.
 
     Used as a context manager, or through the ``host_cluster`` pytest fixture::
 
@@ -295,7 +299,8 @@ class HostCluster:
     """
 
     def __init__(self, num_hosts: int = 2, cpus_per_host: int = 2, base_dir: Optional[Path] = None,
-                 private: bool = True, env: Optional[Dict[str, str]] = None, head_ip: str = HEAD_IP):
+                 private: bool = True, env: Optional[Dict[str, str]] = None, head_ip: str = HEAD_IP,
+                 shared: Sequence[str] = ()):
         import tempfile
 
         if num_hosts < 0:
@@ -304,6 +309,8 @@ class HostCluster:
         self.base_dir = Path(base_dir or tempfile.mkdtemp(prefix="sgdhc-"))
         self.base_dir.mkdir(parents=True, exist_ok=True)
         self.private = private
+        #: paths the worker hosts see as the driver does (mounted back where they lie in a private folder)
+        self.shared = shared_paths(shared) if private else []
         self.env = dict(env or {})
         self.head_ip = head_ip
         self.gcs_port = free_port(head_ip)
