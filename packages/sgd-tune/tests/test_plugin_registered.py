@@ -65,3 +65,21 @@ def test_started_trainer_is_refused(ray_cluster):
             trainer.to_tune_trainable(print)
     finally:
         trainer.shutdown()
+
+
+class _TrialPlugin:
+    @sgd.hookimpl
+    def sgd_backends(self):
+        return [sgd.BackendSpec("trial-only", sgd.BackendConfig, provider="test")]
+
+
+def test_each_trials_trainer_gets_the_trainers_own_plugins():
+    """Trainer(plugins=[...]) reaches Tune: the trainable is asked for through the trainer's own
+    plugin manager, and each trial's trainer is made with the same plugins."""
+    mine = _TrialPlugin()
+    trainer = sgd.Trainer(backend="trial-only", num_workers=1, plugins=[mine])
+    trainable = trainer.to_tune_trainable(_my_train)
+    assert trainable._sgd_trainer_kwargs["plugins"] == [mine]
+    trial = sgd.Trainer(**trainable._sgd_trainer_kwargs, logdir="trial")  # what each trial does
+    assert trial.plugin_manager.is_registered(mine)
+    assert not plugins.get_plugin_manager().is_registered(mine)

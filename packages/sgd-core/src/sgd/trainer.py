@@ -11,6 +11,7 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+from sgd import plugins as plugin_registry
 from sgd._internal.backend_executor import BackendExecutor
 from sgd._internal.controller import ActiveRun, RunController, RunSpec
 from sgd._internal.local import LocalController, check_local
@@ -23,7 +24,7 @@ from sgd.checkpoint.format import SHARDED_KEY, is_sharded
 from sgd.checkpoint.manager import CheckpointManager
 from sgd.checkpoint.storage import is_uri, storage_for
 from sgd.data import DatasetConfig
-from sgd.plugins import plugin_manager_for, resolve_backend
+from sgd.plugins import PluginManager, plugin_manager_for, resolve_backend
 from sgd.utils import resolve_num_workers, resolve_resources, results_root, wrap_train_func
 from sgd.worker_group import PLACEMENT_STRATEGIES, WorkerGroup
 
@@ -42,11 +43,11 @@ def _resolve_logdir(logdir: Optional[Union[str, os.PathLike]]) -> Path:
     return path.resolve()
 
 
-def _resolve_backend(backend: Any) -> BackendConfig:
+def _resolve_backend(backend: Any, pm: Optional[PluginManager] = None) -> BackendConfig:
     if isinstance(backend, BackendConfig):
         return backend
     if isinstance(backend, str):
-        return resolve_backend(backend).config_cls()
+        return resolve_backend(backend, pm).config_cls()
     raise TypeError(
         f"backend must be a backend name (str) or a BackendConfig instance, got {type(backend).__name__}"
     )
@@ -96,7 +97,11 @@ class Trainer:
         ``None``: ``SGD_HANG_TIMEOUT_S`` (unset: never). Set it well above a step's time.
     :param plugins: plugin objects (modules or instances with ``@sgd.hookimpl`` functions)
         that only this trainer's hooks call, beside the installed plugins; nothing is
-        registered process-wide. ``sgd run`` passes its launcher plugin this way.
+        registered process-wide. They reach every hook this trainer calls: the backend
+        lookup (a plugin may declare the backend named by ``backend``), the lifecycle and
+        result hooks, checkpoint codecs and storage, and Ray Tune (each trial's trainer gets
+        them). ``sgd run`` passes its launcher plugin this way. A plugin registered twice or
+        implementing a hook that does not exist raises :class:`sgd.plugins.PluginError`.
     """
 
     def __init__(
@@ -128,7 +133,11 @@ class Trainer:
             raise ValueError(f"placement_strategy must be one of {', '.join(PLACEMENT_STRATEGIES)}, "
                              f"got {placement_strategy!r}")
         self.placement_strategy = placement_strategy
-        self._backend_config = _resolve_backend(backend)
+        #: Plugin objects (``@sgd.hookimpl`` functions) only this trainer's hooks call, beside
+        #: the installed ones: see :attr:`plugin_manager`.
+        self.plugins: List[object] = list(plugins or ())
+        self._plugin_manager: Optional[Tuple[Any, PluginManager]] = None
+        self._backend_config = _resolve_backend(backend, self.plugin_manager)
         self._use_gpu = bool(use_gpu)
         self._resources = resolve_resources(self._use_gpu, resources_per_worker)
         if self._max_workers == 0:
@@ -142,11 +151,8 @@ class Trainer:
         if storage_path is not None:
 
             uri = storage_path if is_uri(storage_path) else Path(storage_path).expanduser().resolve().as_uri()
-            storage_for(uri)  # fail now, with the install hint, not at the first checkpoint
+            storage_for(uri, hook=self.plugin_manager)  # fail now, with the install hint, not at the first checkpoint
             self.storage_path = uri
-        #: Plugin objects (``@sgd.hookimpl`` functions) only this trainer's hooks call, beside
-        #: the installed ones: see :func:`sgd.plugins.plugin_manager_for`.
-        self.plugins: List[object] = list(plugins or ())
         self._controller: Optional[RunController] = None
         self._latest_run_dir: Optional[Path] = None
         self._manager: Optional[CheckpointManager] = None
@@ -185,10 +191,21 @@ class Trainer:
         """The run directory this trainer continues (made by :meth:`restore`), else ``None``."""
         return self._resume_run.path if self._resume_run is not None else None
 
+    @property
+    def plugin_manager(self) -> PluginManager:
+        """The plugin manager this trainer's hooks are called through, as pytest keeps one per
+        session: the installed plugins and :attr:`plugins`
+        (:func:`sgd.plugins.plugin_manager_for`). Made when first needed and made again after the
+        process-wide registry changed (a plugin registered or unregistered there)."""
+        version = plugin_registry.registry_version()
+        if self._plugin_manager is None or self._plugin_manager[0] != version:
+            self._plugin_manager = (version, plugin_manager_for(self.plugins))
+        return self._plugin_manager[1]
+
     def settings(self) -> Dict[str, Any]:
         """The keyword arguments that make an equal, not started trainer, ``logdir`` left out:
         ``sgd.Trainer(**trainer.settings(), logdir=...)``. sgd-tune builds each trial's
-        trainer from them."""
+        trainer from them (``plugins`` included: the same objects)."""
         lo, hi = self._min_workers, self._max_workers
         return {
             "backend": self._backend_config,
@@ -200,6 +217,7 @@ class Trainer:
             "placement_strategy": self.placement_strategy,
             "placement_timeout_s": self.placement_timeout_s,
             "hang_timeout_s": self.hang_timeout_s,
+            "plugins": list(self.plugins),
         }
 
     @property
@@ -234,7 +252,10 @@ class Trainer:
     def best_checkpoint(self) -> Optional[dict]:
         """The state of :attr:`best_checkpoint_path`, loaded."""
         path = self.best_checkpoint_path
-        return self.load_checkpoint_from_path(path) if path is not None else None
+        if path is None:
+            return None
+        with plugin_registry.using(self.plugin_manager):  # this trainer's codecs
+            return self.load_checkpoint_from_path(path)
 
     @staticmethod
     def load_checkpoint_from_path(path: Union[str, os.PathLike], trusted: Optional[bool] = None) -> dict:
@@ -302,7 +323,9 @@ class Trainer:
         import dataclasses
 
         config = self._backend_config
-        return dict(self.settings(), backend=config.name,
+        settings = self.settings()
+        settings.pop("plugins")  # objects: a restored trainer is given its plugins again
+        return dict(settings, backend=config.name,
                     backend_config=dataclasses.asdict(config) if dataclasses.is_dataclass(config) else {},
                     num_workers=[self._min_workers, self._max_workers])
 
@@ -419,7 +442,8 @@ class Trainer:
             bad = [k for k, v in dataset_config.items() if not isinstance(v, DatasetConfig)]
             if bad:
                 raise TypeError(f"dataset_config values must be sgd.DatasetConfig (wrong for {bad})")
-        initial = self._checkpoint_dict(checkpoint)
+        with plugin_registry.using(self.plugin_manager):  # read with this trainer's codecs
+            initial = self._checkpoint_dict(checkpoint)
         all_callbacks = list(callbacks or [])
         # pluggy returns the most recently registered plugin first; use registration order.
         for extra in reversed(self._controller.executor.hook.sgd_default_callbacks(trainer=self)):
@@ -429,14 +453,16 @@ class Trainer:
         if resume is not None:
             run = resume
             self._manager = CheckpointManager(run.checkpoint_dir, strategy, codec, start_id=run.last_checkpoint_id(),
-                                              mirror=self._mirror_for(run.path))
-            state, iteration = run.last_checkpoint()
+                                              mirror=self._mirror_for(run.path), hook=self.plugin_manager)
+            with plugin_registry.using(self.plugin_manager):
+                state, iteration = run.last_checkpoint()
             if state is not None:
                 initial = state
                 self._manager.latest_state, self._manager.latest_iteration = state, iteration
         else:
             run = RunDirectory.create(self._next_run_dir())
-            self._manager = CheckpointManager(run.checkpoint_dir, strategy, codec, mirror=self._mirror_for(run.path))
+            self._manager = CheckpointManager(run.checkpoint_dir, strategy, codec, mirror=self._mirror_for(run.path),
+                                              hook=self.plugin_manager)
         trial = self.trial_info or {}
         # The run's config and trial are kept with it for Result.metrics (Ray Train's "config", "trial_id").
         run.write_settings(dict(self._settings_json(), run_config=config or {}, trial_id=trial.get("id")))
@@ -495,8 +521,7 @@ class Trainer:
         """A Ray Tune trainable running this trainer's setup per trial (needs ``sgd-tune``)."""
         if self._controller is not None:
             raise RuntimeError("to_tune_trainable() needs a trainer that is not started; call it before start()")
-        hook = plugin_manager_for(self.plugins).hook
-        trainable = hook.sgd_tune_trainable(trainer=self, train_func=train_func, dataset=dataset)
+        trainable = self.plugin_manager.hook.sgd_tune_trainable(trainer=self, train_func=train_func, dataset=dataset)
         if trainable is None:
             raise ImportError("Trainer.to_tune_trainable needs the sgd-tune package: pip install sgd-tune")
         return trainable

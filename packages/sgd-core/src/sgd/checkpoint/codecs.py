@@ -26,8 +26,8 @@ import struct
 from collections import OrderedDict
 from typing import IO, Any, Dict, List, Optional, Tuple
 
+from sgd import plugins
 from sgd.errors import CheckpointIntegrityError, UntrustedCheckpointError
-from sgd.plugins import get_plugin_manager
 
 __all__ = [
     "TRUST_ENV",
@@ -269,11 +269,15 @@ class PickleCodec(SafeCodec):
 _BUILTIN: Tuple[Codec, ...] = (SafeCodec(), PickleCodec())
 
 
-def registered_codecs() -> Dict[str, Codec]:
-    """Every registered codec by name and alias (sgd-core's plus the ``sgd_checkpoint_codecs`` hook's)."""
+def registered_codecs(hook: Optional[Any] = None) -> Dict[str, Codec]:
+    """Every registered codec by name and alias (sgd-core's plus the ``sgd_checkpoint_codecs`` hook's).
 
+    :param hook: the plugin manager (or its ``.hook``) to ask: a trainer's own
+        (``trainer.plugin_manager``); by default the one :func:`sgd.plugins.using` made
+        active, else the process-wide one.
+    """
     codecs: List[Codec] = list(_BUILTIN)
-    for found in get_plugin_manager().hook.sgd_checkpoint_codecs():
+    for found in plugins.current_hook(hook).sgd_checkpoint_codecs():
         codecs.extend(found or [])
     table: Dict[str, Codec] = {}
     for c in codecs:
@@ -282,13 +286,15 @@ def registered_codecs() -> Dict[str, Codec]:
     return table
 
 
-def get_codec(name: Any, where: Optional[str] = None) -> Codec:
+def get_codec(name: Any, where: Optional[str] = None, hook: Optional[Any] = None) -> Codec:
     """The registered codec called ``name``.
+
+    :param hook: the plugin manager to ask, as for :func:`registered_codecs`.
 
     :raises CheckpointIntegrityError: no codec has that name (reading ``where``).
     :raises ValueError: no codec has that name (writing).
     """
-    table = registered_codecs()
+    table = registered_codecs(hook)
     codec = table.get(name) if isinstance(name, str) else None
     if codec is not None:
         return codec

@@ -210,14 +210,17 @@ class Checkpoint:
 
 
 def write_dict_dir(data: Dict[str, Any], directory: Path, codec: str = DEFAULT_CODEC,
-                   extra_meta: Optional[Dict[str, Any]] = None) -> None:
+                   extra_meta: Optional[Dict[str, Any]] = None, hook: Optional[Any] = None) -> None:
     """Write ``data`` into ``directory`` with the registered ``codec`` (files are fsynced;
     the metadata records each file's sha256 and size).
+
+    :param hook: the plugin manager whose codecs count (a trainer's own); see
+        :func:`sgd.codecs.registered_codecs`.
 
     :raises OSError: with ``errno.ENOSPC`` and "the disk is full" when space ran out,
         whichever library was writing.
     """
-    c = get_codec(codec)
+    c = get_codec(codec, hook=hook)
     state_file = directory / f"state.{c.suffix}"
     try:
         directory.mkdir(parents=True, exist_ok=True)

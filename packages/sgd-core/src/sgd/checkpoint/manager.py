@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from sgd import plugins
 from sgd._common.json_values import finite, json_default
 from sgd._common.protocol import DirectCheckpoint, DirectoryFiles
 from sgd.checkpoint.format import (
@@ -63,11 +64,15 @@ class CheckpointManager:
     :param codec: module that encodes dict checkpoints.
     :param start_id: the id of the last checkpoint already in ``checkpoint_dir`` (resume).
     :param mirror: where each kept checkpoint is also copied (``s3://…``, any storage URI).
+    :param hook: the plugin manager (or its ``.hook``) whose codecs and storage it uses: the
+        trainer's own (``trainer.plugin_manager``); by default the process-wide one.
     """
 
     def __init__(self, checkpoint_dir: Path, strategy: CheckpointStrategy, codec: str, start_id: int = 0,
-                 mirror: Optional[str] = None):
+                 mirror: Optional[str] = None, hook: Optional[Any] = None):
         self.checkpoint_dir = checkpoint_dir
+        #: The hook relay codecs and storage are looked up through (``None``: the process-wide one).
+        self.hook = None if hook is None else getattr(hook, "hook", hook)
         #: A storage URI (or path) every kept checkpoint is copied to, through the storage hook.
         self.mirror = mirror.rstrip("/") if mirror else None
         self.strategy = strategy
@@ -277,7 +282,8 @@ class CheckpointManager:
             # still the ones it recorded; checkpoints found on disk follow the caller's switch.
             ours = kept.files is not None and _recorded_files(kept.path) == kept.files
             try:
-                state = Checkpoint.from_directory(kept.path, trusted=True if ours else None).to_dict()
+                with plugins.using(self.hook):
+                    state = Checkpoint.from_directory(kept.path, trusted=True if ours else None).to_dict()
             except (CheckpointIntegrityError, FileNotFoundError) as exc:
                 logger.warning("skipping checkpoint %s, which does not verify: %s", kept.path, exc)
                 continue
@@ -301,7 +307,7 @@ class CheckpointManager:
                 meta["metrics"] = json_safe(metrics)
             if written is None:
                 assert state is not None
-                write_dict_dir(state, tmp, self.codec, extra_meta=meta)
+                write_dict_dir(state, tmp, self.codec, extra_meta=meta, hook=self.hook)
             else:
                 _update_metadata(tmp, meta)
             _fsync_dir(tmp)
@@ -346,7 +352,7 @@ class CheckpointManager:
     def _mirror_storage(self) -> Any:
 
         assert self.mirror is not None
-        return storage_for(self.mirror)
+        return storage_for(self.mirror, hook=self.hook)
 
     def _upload(self, path: Path) -> None:
         """Copy a finished checkpoint to the mirror (synchronously: when ``save_checkpoint``

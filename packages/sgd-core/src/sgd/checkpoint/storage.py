@@ -10,7 +10,7 @@ import os
 import re
 from typing import Any, Optional, Tuple
 
-from sgd.plugins import get_plugin_manager
+from sgd import plugins
 
 _URI = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 
@@ -63,13 +63,17 @@ class PyArrowStorage:
         self.fs.delete_dir(path)
 
 
-def storage_for(uri: str) -> Any:
+def storage_for(uri: str, hook: Optional[Any] = None) -> Any:
     """The checkpoint storage object for ``uri``: the first ``sgd_checkpoint_storage`` hook
     that answers, else core's own ``pyarrow.fs`` storage.
 
+    :param hook: the plugin manager (or its ``.hook``) to ask: a trainer's own
+        (``trainer.plugin_manager``); by default the one :func:`sgd.plugins.using` made
+        active, else the process-wide one.
+
     :raises ValueError: nothing handles the URI's scheme (the message says what to install).
     """
-    storage = get_plugin_manager().hook.sgd_checkpoint_storage(uri=uri)
+    storage = plugins.current_hook(hook).sgd_checkpoint_storage(uri=uri)
     if storage is None:
         storage = _builtin_storage(uri)
     if storage is None:
