@@ -1,4 +1,5 @@
-"""Test-only helpers shared by sgd packages (fixtures load through the ``pytest11`` entry point)."""
+"""Test-only helpers shared by sgd packages. The pytest fixtures are opt-in:
+``pytest_plugins = ["sgd_testing.fixtures"]`` in a suite's top-level conftest.py."""
 
 from sgd_testing.contract import BackendContractTests
 from sgd_testing.faults import KillWorker, sigkill_when

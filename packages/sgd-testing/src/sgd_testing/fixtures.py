@@ -1,4 +1,11 @@
-"""Pytest plugin (entry point ``pytest11``) with the fixtures every sgd package's tests share.
+"""Pytest plugin with the fixtures every sgd package's tests share.
+
+Opt-in: installing sgd-testing adds nothing to a test suite (there is no ``pytest11`` entry
+point). A suite loads it with one line in its top-level ``conftest.py``::
+
+    pytest_plugins = ["sgd_testing.fixtures"]
+
+(this repository's own ``conftest.py`` does). Then:
 
 - ``ray_cluster``: one local Ray cluster per test session (4 logical CPUs),
   restarted only if a test shut it down (the multi-node fixture does).
