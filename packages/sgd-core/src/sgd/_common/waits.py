@@ -1,10 +1,10 @@
-"""The driver's waits on Ray, in slices, so that Ctrl-C always ends them.
+"""The driver's waits on Ray, in slices, so that Ctrl-C ends them whatever Ray does.
 
 A signal's Python handler (``KeyboardInterrupt`` for Ctrl-C, a test's timeout) runs only when the
-waiting thread is back in Python. Ray's own ``ray.wait`` checks for signals while it blocks, but
-through Ray Client (``ray://``) it is one gRPC call that no signal ends (Ray slices the client's
-``ray.get``, not its ``ray.wait``: ``ray/util/client/worker.py``). Waiting in slices of at most
-:data:`WAIT_SLICE_S` bounds how long a signal waits either way.
+waiting thread is back in Python. Ray 2.60's ``ray.wait`` checks for signals while it blocks (a
+SIGINT ended a 60 s wait after 0.15 s, and after 0.03 s through Ray Client; measured 2026-11-26),
+but that is how Ray is built, not what it promises. Waits of at most :data:`WAIT_SLICE_S` bound
+how long a signal waits either way, as the round collector's waits do.
 """
 
 from __future__ import annotations
