@@ -11,7 +11,7 @@ import os
 
 import nox
 
-nox.options.sessions = ["lint", "tests", "docs"]
+nox.options.sessions = ["unit", "lint", "tests", "docs"]
 nox.options.reuse_venv = "yes"
 nox.options.error_on_missing_interpreters = True
 
@@ -71,6 +71,20 @@ def tests(session: nox.Session) -> None:
     session.run("python", "scripts/build_horovod.py", "--install", *CONSTRAINTS)
     args = session.posargs or ["packages", "tests"]
     session.run("pytest", *args, env={"PYTHONUNBUFFERED": "1"})
+
+
+#: The fast tier: tests that need no Ray cluster and start no process (a conftest refuses both).
+UNIT_TESTS = ["packages/sgd-core/tests/unit"]
+
+
+@nox.session(python=PYTHON)
+def unit(session: nox.Session) -> None:
+    """The fast tier, in seconds: the run controller stepped through every state and policy
+    decision over sgd_testing's FakeGroup, the policies, the wire protocol; no Ray cluster, no
+    subprocess, no torch. ``nox -s tests`` runs these too."""
+    session.install(*CONSTRAINTS, "-e", "packages/sgd-core", "-e", "packages/sgd-testing", "pytest>=8",
+                    "pytest-timeout", "hypothesis")
+    session.run("pytest", *(session.posargs or UNIT_TESTS), env={"PYTHONUNBUFFERED": "1"})
 
 
 @nox.session(python=PYTHON)

@@ -175,7 +175,7 @@ def fresh_torch_import_s() -> float:
 def case_cold_cycle(logdir: str, reps: int, budget_s: float) -> Dict[str, Any]:
     """Up to ``reps`` cycles; stops early (after at least 2) once ``budget_s`` is spent, so a
     loaded machine cannot stretch the whole benchmark far past a few minutes."""
-    from sgd._internal.backend_executor import BackendExecutor
+    from sgd.group.actors import ActorGroup as BackendExecutor
     from sgd.worker_group import WorkerGroup
 
     values: List[float] = []

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import sgd
-from sgd._internal.controller import stragglers_of
+from sgd.run.health import stragglers_of
 from sgd_testing import wait_for
 
 

@@ -154,7 +154,8 @@ def test_peer_failure_error_before_the_death_is_a_restart(trainer_factory, tmp_p
     driver = threading.Thread(target=drive)
     driver.start()
     # The order under test: the driver holds rank 1's error before rank 0 dies.
-    wait_for(lambda: iterator._run._rounds._error is not None, timeout=30, message="rank 1's error never arrived")
+    wait_for(lambda: iterator._run._group._rounds._error is not None, timeout=30,
+             message="rank 1's error never arrived")
     pid = int(wait_for(lambda: os.path.exists(marker + ".pid") and open(marker + ".pid").read(), timeout=30))
     os.kill(pid, signal.SIGKILL)
     driver.join(timeout=60)
@@ -163,7 +164,7 @@ def test_peer_failure_error_before_the_death_is_a_restart(trainer_factory, tmp_p
 
 
 def test_peer_failure_error_without_a_death_is_raised(trainer_factory, tmp_path, monkeypatch):
-    from sgd._internal import rounds
+    from sgd.group import rounds
 
     monkeypatch.setattr(rounds, "PEER_FAILURE_GRACE_S", 1.0)
 
@@ -240,22 +241,25 @@ def test_a_restart_replaces_only_the_dead_worker(trainer_factory):
 
 
 def _stuck_after(config):
-    """Reports ``steps`` steps; then rank 0 (only in the first attempt) waits forever without
-    reporting, as code blocked outside sgd would."""
+    """Reports ``steps`` steps; at step 2 rank 0 (only in the first attempt) waits forever
+    between its report and its checkpoint, as code blocked outside sgd would. (Waiting after the
+    checkpoint raced with the driver's acknowledgement of it: a rank 0 still inside
+    ``save_checkpoint`` when its peer died was stopped there and kept, and then blocked forever
+    in the next attempt.)"""
     import threading
 
     state = sgd.load_checkpoint() or {"step": 0}
     for step in range(state["step"] + 1, config["steps"] + 1):
         sgd.report(step=step, pid=os.getpid(), rank=sgd.world_rank())
-        sgd.save_checkpoint(step=step)
         if step == 2 and sgd.world_rank() == 0 and not os.path.exists(config["marker"]):
             open(config["marker"], "w").close()
             threading.Event().wait()
+        sgd.save_checkpoint(step=step)
     return os.getpid()
 
 
 def test_a_survivor_that_does_not_stop_is_replaced(trainer_factory, tmp_path, monkeypatch):
-    from sgd._internal import backend_executor
+    from sgd.group import actors as backend_executor
 
     monkeypatch.setattr(backend_executor, "SURVIVOR_PATIENCE_S", 1.0)
     trainer = trainer_factory(max_retries=1)
@@ -336,7 +340,7 @@ def test_a_failed_run_runs_the_backends_hooks_on_its_worker_first(ray_cluster, t
 def test_a_run_goes_through_explicit_states_decided_by_the_policies(trainer_factory):
     """One death mid-run: STARTING -> RUNNING -> RESTARTING -> RUNNING -> FINISHED; the
     failure policy's second Retry is never asked for; a run whose retries run out ends ERRORED."""
-    from sgd._internal.controller import RunState
+    from sgd.run.controller import RunState
 
     trainer = trainer_factory(max_retries=1)
     iterator = trainer.run_iterator(_deterministic, config={"steps": 5})
@@ -346,12 +350,13 @@ def test_a_run_goes_through_explicit_states_decided_by_the_policies(trainer_fact
     run = iterator._run
     assert run.transitions == [RunState.STARTING, RunState.RUNNING, RunState.RESTARTING, RunState.RUNNING,
                                RunState.FINISHED]
-    assert run._policy.failures == 1
+    assert run._controller.attempt == 1  # the failure policy, the only retry counter
 
     iterator = trainer.run_iterator(_deterministic, config={"steps": 6})
     killer = KillWorker(at=[2, 4], key="step")
     with pytest.raises(sgd.TrainingFailedError, match=r"after 2 attempts \(max_retries=1\)"):
         for results in iterator:
             killer.handle_result(results)
-    assert iterator._run.transitions[-3:] == [RunState.RESTARTING, RunState.RUNNING, RunState.ERRORED]
+    assert iterator._run.transitions[-4:] == [RunState.RESTARTING, RunState.RUNNING, RunState.FAILING,
+                                              RunState.ERRORED]
     assert iterator.is_finished()

@@ -12,11 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from sgd import plugins as plugin_registry
-from sgd._internal.backend_executor import BackendExecutor
-from sgd._internal.controller import ActiveRun, RunController, RunSpec
-from sgd._internal.local import LocalController, check_local
 from sgd._internal.run_dir import RunDirectory
-from sgd._worker.stacks import thread_stacks
 from sgd.backend import BackendConfig
 from sgd.callbacks import TrainingCallback
 from sgd.checkpoint import Checkpoint, CheckpointStrategy
@@ -24,7 +20,10 @@ from sgd.checkpoint.format import SHARDED_KEY, is_sharded
 from sgd.checkpoint.manager import CheckpointManager
 from sgd.checkpoint.storage import is_uri, storage_for
 from sgd.data import DatasetConfig
+from sgd.group.actors import ActorGroup
+from sgd.group.in_process import InProcessGroup, check_local
 from sgd.plugins import PluginManager, plugin_manager_for, resolve_backend
+from sgd.run.controller import ActiveRun, RunController, RunSpec
 from sgd.utils import resolve_num_workers, resolve_resources, results_root, wrap_train_func
 from sgd.worker_group import PLACEMENT_STRATEGIES, WorkerGroup
 
@@ -302,16 +301,17 @@ class Trainer:
     # --- lifecycle ----------------------------------------------------------------
 
     def _make_controller(self) -> RunController:
-        # A plugin manager per started group: the installed plugins as they are now, plus this
-        # trainer's own (pytest keeps one per session; nothing is registered process-wide).
-        hook = plugin_manager_for(self.plugins).hook
+        # The trainer's one plugin manager (the installed plugins and this trainer's own; pytest
+        # keeps one per session): every hook of its group's lifecycle goes through it.
+        hook = self.plugin_manager.hook
         if self._max_workers == 0:  # local mode: the function in this process
             gpus = max(1, math.ceil(self._resources.get("GPU", 1))) if self._use_gpu else 0
-            return LocalController(self._backend_config, hook, gpus)  # type: ignore[return-value]
-        executor = BackendExecutor(self._backend_config, self._max_workers, self._resources,
-                                   min_workers=self._min_workers, placement_strategy=self.placement_strategy,
-                                   placement_timeout_s=self.placement_timeout_s, hook=hook)
-        return RunController(executor, self.max_retries, hang_timeout_s=self._hang_timeout())
+            # No worker process can die: an error is the function's own, never retried.
+            return RunController(InProcessGroup(self._backend_config, hook, gpus), max_retries=0)
+        group = ActorGroup(self._backend_config, self._max_workers, self._resources,
+                           min_workers=self._min_workers, placement_strategy=self.placement_strategy,
+                           placement_timeout_s=self.placement_timeout_s, hook=hook)
+        return RunController(group, self.max_retries, hang_timeout_s=self._hang_timeout())
 
     def _hang_timeout(self) -> Optional[float]:
         if self.hang_timeout_s is not None:
@@ -371,13 +371,10 @@ class Trainer:
         :raises RuntimeError: the trainer is not started.
         """
         controller = self._controller
-        if isinstance(controller, LocalController):
-            return [thread_stacks(0, include_idle)]  # this process: the training thread is one of its own
-        group = controller.executor.worker_group if controller is not None else None
-        if group is None:
+        if controller is None or (controller.worker_group is None and self._max_workers != 0):
             raise RuntimeError("Trainer.stacks() needs started workers: call trainer.start() first "
                                "(or it was shut down)")
-        return group.stacks(timeout_s, include_idle)
+        return controller.group.stacks(timeout_s, include_idle)
 
     def __enter__(self) -> Trainer:
         return self
@@ -446,7 +443,7 @@ class Trainer:
             initial = self._checkpoint_dict(checkpoint)
         all_callbacks = list(callbacks or [])
         # pluggy returns the most recently registered plugin first; use registration order.
-        for extra in reversed(self._controller.executor.hook.sgd_default_callbacks(trainer=self)):
+        for extra in reversed(self._controller.group.hook.sgd_default_callbacks(trainer=self)):
             all_callbacks.extend(extra or [])
         codec = self._backend_config.backend_cls.checkpoint_codec
         resume, self._resume_run = self._resume_run, None

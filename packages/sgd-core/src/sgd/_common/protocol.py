@@ -1,7 +1,7 @@
 """The wire protocol between a worker's session and the driver, in one place.
 
 A worker buffers *items* ``(kind, data)``; the driver polls them in batches
-(:meth:`sgd._worker.session.Session.poll`) and :class:`~sgd._internal.rounds.RoundCollector`
+(:meth:`sgd._worker.session.Session.poll`) and :class:`~sgd.group.rounds.RoundCollector`
 lines them up into *rounds* (one item per worker). :func:`decode_round` turns a round's raw
 items into a :class:`Round`: what the rest of the driver sees.
 

@@ -1,2 +1,2 @@
-"""The run engine on the driver: the run controller and its policies, the backend executor
-(the worker group's lifecycle), report rounds, the run directory."""
+"""The run directory on the driver: its one writer (:mod:`sgd._internal.run_dir`) and a saved
+trainer's settings (:mod:`sgd._internal.saved_trainer`)."""

@@ -53,6 +53,18 @@ class DriverFileServer:
         self._received: Dict[str, int] = {}  # bytes written per partial file (chunks arrive in any order)
         self._lock = threading.Lock()
 
+    def allow(self, writable: Sequence[str], readable: Sequence[str] = ()) -> None:
+        """Serve more folders: a later run of the same group (its own run directory, the
+        checkpoint it starts from). The server lives as long as the group."""
+        with self._lock:
+            for p in map(str, writable):
+                if p not in self._writable:
+                    self._writable.append(p)
+                    self._readable.append(p)
+            for p in map(str, readable):
+                if p not in self._readable:
+                    self._readable.append(p)
+
     def _check(self, path: str, roots: List[str], what: str) -> str:
         if not isinstance(path, str) or not os.path.isabs(path):
             raise ValueError(f"{what}: {path!r} is not an absolute path on the driver's host")

@@ -481,8 +481,10 @@ class Session:
 
     # --- called by the driver through the actor -------------------------------
 
-    def poll(self, max_items: int) -> Tuple[List[Tuple[str, Any]], bool, Any, Optional[RemoteError]]:
-        """Block until items are available or the run ended; return a batch.
+    def poll(self, max_items: int,
+             timeout_s: Optional[float] = None) -> Tuple[List[Tuple[str, Any]], bool, Any, Optional[RemoteError]]:
+        """Block until items are available or the run ended (or ``timeout_s`` passed: then
+        the batch may be empty); return a batch.
 
         :returns: ``(items, finished, return_value, error)``; ``finished`` is
             only true once every item has been handed out.
@@ -494,8 +496,15 @@ class Session:
                     item.acked = True
                 self._delivered_checkpoints.clear()
                 self._cv.notify_all()
+            deadline = None if timeout_s is None else time.monotonic() + timeout_s
             while not self._items and not self._finished:
-                self._cv.wait()
+                if deadline is None:
+                    self._cv.wait()
+                else:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cv.wait(left)
             batch: List[Tuple[str, Any]] = []
             while self._items and len(batch) < max_items:
                 item = self._items.popleft()

@@ -8,7 +8,7 @@ import pytest
 
 import sgd
 from sgd._common.nodes import NodeInfo
-from sgd._internal.policies import (
+from sgd.run.policies import (
     ClusterView,
     Failure,
     FailurePolicy,

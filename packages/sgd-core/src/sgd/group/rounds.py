@@ -5,8 +5,9 @@ one *watch* call per worker that fails as soon as its process dies, and lines th
 into rounds. The calls that start the training function are part of the same wait: the driver
 never blocks on one worker's start while another worker's run has already failed (a worker
 whose peer raised at once can be stuck in a collective before its own start call returns).
-It raises :class:`~sgd.errors.WorkerDiedError` for a death and re-raises a
-worker's user exception (after handing out the rounds every worker had already reported).
+:meth:`RoundCollector.poll` returns what happened as a :class:`~sgd.group.status.Poll`: a
+round, the end, a death (:class:`~sgd.errors.WorkerDiedError`), a worker's own exception
+(after the rounds every worker had already reported were handed out), or idle.
 """
 
 from __future__ import annotations
@@ -15,22 +16,21 @@ import os
 import re
 import time
 from collections import deque
-from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
+from typing import Any, Deque, Dict, List, Optional, Tuple
 
 import ray
 from ray.exceptions import RayActorError
 
-from sgd._common.protocol import CHECKPOINT, CHECKPOINT_KEY, REPORT, RemoteError, Round, decode_round
+from sgd._common.protocol import CHECKPOINT, CHECKPOINT_KEY, REPORT, RemoteError, decode_round
 from sgd._worker.unsendable import recover_poll
 from sgd.errors import WorkerDiedError, WorkerError
+from sgd.group.status import Poll
 
 #: Most items one poll returns.
 POLL_BATCH = 4096
 #: A worker's next poll is sent as soon as its batch arrives (while the driver works through the
 #: batch, the worker encodes the next one) unless the driver already holds this many of its items.
 PREFETCH_BELOW = 4096
-#: The driver waits for workers in slices this long (seconds), so that signals get through.
-WAIT_SLICE_S = 1.0
 #: After a worker error, the reports the other workers had made before it are still collected
 #: (every round they complete is delivered) while they keep sending some: the driver gives up
 #: once none came for this long (a worker blocked in a collective with the failed one).
@@ -51,7 +51,10 @@ def looks_like_peer_failure(err: RemoteError) -> bool:
     return bool(_PEER_FAILURE.search(f"{err.type_name}: {err.message}"))
 
 
-def raise_remote(err: RemoteError) -> None:
+def remote_exception(err: RemoteError) -> BaseException:
+    """The exception a worker raised, rebuilt on the driver with its own type (its pickled
+    self when it unpickles here), chained to a :class:`~sgd.errors.WorkerError` that carries
+    the remote traceback."""
     head = f"worker rank {err.world_rank} (pid {err.pid} on {err.hostname}) raised {err.type_name}: {err.message}"
     cause = WorkerError(f"{head}\n\nRemote traceback:\n{err.traceback}", err.world_rank, err.traceback)
     exc: Optional[BaseException] = None
@@ -63,11 +66,20 @@ def raise_remote(err: RemoteError) -> None:
         except Exception:
             exc = None
     if exc is None:
-        raise cause
+        return cause
     if hasattr(exc, "add_note"):
         exc.add_note(f"[sgd] raised on {head.split(' raised ')[0]}; remote traceback above")
     exc.sgd_world_rank = err.world_rank  # type: ignore[attr-defined]
-    raise exc from cause
+    exc.__cause__ = cause
+    return exc
+
+
+class _Failed(Exception):
+    """Inside this module only: unwinds to :meth:`RoundCollector.poll`, which returns ``error``."""
+
+    def __init__(self, error: BaseException):
+        super().__init__(error)
+        self.error = error
 
 
 def _awaits_ack(batch: List[Tuple[str, Any]]) -> bool:
@@ -104,21 +116,29 @@ class RoundCollector:
             else:
                 self._watches[w._sgd_watch.remote()] = i
         self._started = [starts is None] * n
-        #: Called between waits (at least once a :data:`WAIT_SLICE_S`, and before each wait):
-        #: the run's health checks (a host declared dead, a drain notice). May raise.
-        self.tick: Optional[Callable[[], None]] = None
-        #: When no worker sent anything (an item, its end, its start) for ``hang_timeout_s``
-        #: seconds, ``on_hang(items_per_worker)`` is called (the hang watchdog; may raise).
-        self.hang_timeout_s: Optional[float] = None
-        self.on_hang: Optional[Callable[[List[int]], None]] = None
-        self._last_progress = time.monotonic()
+        #: when (monotonic) a worker last sent an item, ended or started its run
+        self.last_progress = time.monotonic()
 
-    def next_round(self) -> Optional[Round]:
-        """The next decoded round, or ``None`` when every worker finished.
+    def poll(self, timeout_s: float) -> Poll:
+        """The next round, the end, a failure, or idle when nothing came within ``timeout_s``.
 
-        When a worker raised, the rounds every worker had already reported are still
-        returned (callbacks see them), then the error is raised.
+        When a worker raised, the rounds every worker had already reported are returned
+        first (callbacks see them), then the error.
         """
+        try:
+            got = self._next(time.monotonic() + timeout_s)
+        except WorkerDiedError as exc:
+            return Poll.failed(exc)
+        except _Failed as failed:
+            return Poll.failed(failed.error)
+        if got is None:
+            return Poll.finished(self.returns)
+        if got is _IDLE:
+            return Poll.idle([sum(c.values()) for c in self._kind_counts], self.last_progress)
+        return Poll.of_round(got)
+
+    def _next(self, deadline: float) -> Any:
+        """A round, ``None`` (every worker finished) or ``_IDLE`` (nothing by ``deadline``)."""
         while True:
             if all(self._pending):
                 items = [p.popleft() for p in self._pending]
@@ -140,36 +160,21 @@ class RoundCollector:
             for i in range(len(self._workers)):
                 if not self._pending[i] and not self._done[i]:
                     self._poll(i)
-            if self.tick is not None:
-                self.tick()
-            self._receive(self._wait())
+            ready = self._wait(deadline - time.monotonic())
+            if not ready:
+                return _IDLE
+            self._receive(ready)
 
-    def _wait(self, timeout: Optional[float] = None) -> List[Any]:
+    def _wait(self, timeout: float) -> List[Any]:
         """The calls that returned: every one that has (one ``ray.wait`` for all of them, so
         the driver's waits per round do not grow with the workers), or else the first one
-        to return within ``timeout`` (none if it passed)."""
+        to return within ``timeout`` (none if it passed). The controller polls in short
+        slices, so a signal (Ctrl-C) is handled between them."""
         waiting = [*self._inflight, *self._watches, *self._starting]
         ready, _ = ray.wait(waiting, num_returns=len(waiting), timeout=0)
-        if ready or timeout is not None:
-            if not ready and timeout is not None and timeout > 0:
-                ready, _ = ray.wait(waiting, num_returns=1, timeout=timeout)
-            return ready
-        while not ready:
-            # In slices: a signal handler (Ctrl-C, a test's timeout) runs between them, which
-            # it cannot while the thread is inside one unbounded ray.wait.
-            ready, _ = ray.wait(waiting, num_returns=1, timeout=WAIT_SLICE_S)
-            if not ready and self.tick is not None:
-                self.tick()
-            if not ready:
-                self._check_hang()
+        if not ready and timeout > 0:
+            ready, _ = ray.wait(waiting, num_returns=1, timeout=timeout)
         return ready
-
-    def _check_hang(self) -> None:
-        timeout, on_hang = self.hang_timeout_s, self.on_hang
-        if timeout is None or on_hang is None or time.monotonic() - self._last_progress < timeout:
-            return
-        self._last_progress = time.monotonic()  # once per timeout, if on_hang does not raise
-        on_hang([sum(c.values()) for c in self._kind_counts])
 
     def _receive(self, ready: List[Any]) -> None:
         """Take in the calls that returned: a watch (a death, or the run's end) or a poll's batch."""
@@ -181,7 +186,7 @@ class RoundCollector:
             self._polling.discard(i)
             batch, finished, value, error = self._get_poll(ref, i)
             if batch or finished or error is not None:
-                self._last_progress = time.monotonic()
+                self.last_progress = time.monotonic()
             if error is not None:
                 if self._error is None:
                     self._error = error
@@ -252,7 +257,7 @@ class RoundCollector:
                     f"worker rank {i} died while its training function started: {short_error(exc)}", i
                 ) from exc
             self._started[i] = True
-            self._last_progress = time.monotonic()
+            self.last_progress = time.monotonic()
             self._watches[self._workers[i]._sgd_watch.remote()] = i
             return
         self._get(ref, self._watches.pop(ref))
@@ -276,7 +281,8 @@ class RoundCollector:
             else:
                 deadline = min(deadline, time.monotonic())
             waiting = [*self._watches, *self._starting, *self._inflight]
-            ready, _ = ray.wait(waiting, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            # In slices of at most a second: Ctrl-C is handled between them.
+            ready, _ = ray.wait(waiting, num_returns=1, timeout=min(1.0, max(0.0, deadline - time.monotonic())))
             for ref in ready:
                 if ref in self._watches or ref in self._starting:
                     self._check_watch(ref)
@@ -284,7 +290,7 @@ class RoundCollector:
                     self._receive([ref])
             if time.monotonic() >= deadline:
                 break
-        raise_remote(self._error)
+        raise _Failed(remote_exception(self._error))
 
     def _describe(self) -> str:
         parts = []
@@ -296,19 +302,22 @@ class RoundCollector:
         return "; ".join(parts)
 
     def _mismatch(self) -> None:
-        raise RuntimeError(
+        raise _Failed(RuntimeError(
             "workers called sgd.report / sgd.save_checkpoint a different number of times "
             f"({self._describe()}). Every worker must report and checkpoint the same number of times."
-        )
+        ))
 
     def _mismatch_kinds(self, items: List[Tuple[str, Any]]) -> None:
         detail = ", ".join(
             f"rank {i} called {'save_checkpoint' if k == CHECKPOINT else 'report'}" for i, (k, _) in enumerate(items)
         )
-        raise RuntimeError(
+        raise _Failed(RuntimeError(
             f"workers are out of step: {detail} at the same point. Every worker must call "
             "sgd.report and sgd.save_checkpoint in the same order."
-        )
+        ))
+
+
+_IDLE = object()
 
 
 def short_error(exc: BaseException) -> str:

@@ -1,11 +1,15 @@
-"""The worker group's lifecycle on the driver, with one :class:`~sgd.Backend` for its life.
+"""Ray actors as the run controller's worker group (:class:`ActorGroup`).
 
-:class:`BackendExecutor` places the group, runs the ``initialization_hook`` and the backend
-setup hooks, starts a training function on every worker (handing back a
-:class:`~sgd._internal.rounds.RoundCollector`), replaces the group after a failure and tears
-it down. It makes one attempt at each step: the failure policy (retries, giving up) belongs
-to :class:`~sgd._internal.controller.RunController`. A worker that dies during any step
-surfaces as :class:`~sgd.errors.WorkerDiedError`, never as a raw Ray exception.
+:class:`ActorGroup` places the group, runs the ``initialization_hook`` and the backend setup
+hooks, starts a training function on every worker (its rounds are collected by a
+:class:`~sgd.group.rounds.RoundCollector`), reports the hosts' health, replaces the group
+after a failure and tears it down. It makes one attempt at each step and returns the failure
+(a :class:`~sgd.errors.WorkerDiedError` for a death, never a raw Ray exception): what to do
+about it is the run controller's (:mod:`sgd.run.controller`) decision.
+
+What a group can keep across runs it makes once: the file server on the driver's host that
+workers elsewhere write the run directory through is started by the first run that needs it
+and stopped with the group.
 """
 
 from __future__ import annotations
@@ -19,14 +23,17 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Set
 import ray
 from ray.exceptions import RayActorError
 
-from sgd._common.nodes import NodeInfo, NodeWatch
+from sgd._common.nodes import NODE_CHECK_INTERVAL_S, NodeInfo, NodeWatch
 from sgd._common.protocol import DirectWrite
 from sgd._common.scaling import fitting_workers
-from sgd._internal.policies import ScalingPolicy
-from sgd._internal.rounds import RoundCollector, short_error
 from sgd._worker.session import DEFAULT_MAX_PENDING
 from sgd.backend import Backend, BackendConfig
+from sgd.data import data_cpu_shortfall, shard_datasets, shards_survive_restart
 from sgd.errors import WorkerDiedError
+from sgd.group.hosts import announce_drain, read_health
+from sgd.group.protocol import RunRequest
+from sgd.group.rounds import RoundCollector, short_error
+from sgd.group.status import HEALTHY, Health, Poll
 from sgd.plugins import get_plugin_manager, run_backend_teardown
 from sgd.utils import ensure_ray
 from sgd.worker_group import ResourcesUnavailableError, WorkerGroup, placement_timeout_s
@@ -34,8 +41,9 @@ from sgd.worker_group import ResourcesUnavailableError, WorkerGroup, placement_t
 logger = logging.getLogger("sgd")
 
 
-class BackendExecutor:
-    """Starts the worker group, sets the backend up through the hooks, runs training.
+class ActorGroup:
+    """A group of Ray actors with one backend: the run controller's worker group
+    (:class:`sgd.group.protocol.RunGroup`).
 
     The :class:`~sgd.Backend` object is created when the group starts and kept until it is
     shut down: every lifecycle hook of the group (``on_start``, each ``on_training_start``,
@@ -58,8 +66,11 @@ class BackendExecutor:
         self.hook = hook if hook is not None else get_plugin_manager().hook
         self.backend_config = backend_config
         self.placement_strategy = placement_strategy
-        #: How many workers the group may have; the controller asks it for every resize.
-        self.scaling = ScalingPolicy(num_workers if min_workers is None else min_workers, num_workers)
+        #: How many workers the group may have (equal for a fixed-size group).
+        self.min_workers = num_workers if min_workers is None else min_workers
+        self.max_workers = num_workers
+        if not 1 <= self.min_workers <= self.max_workers:
+            raise ValueError(f"need 1 <= min_workers <= max_workers, got {self.min_workers}, {self.max_workers}")
         #: The group's size now (for an elastic group: what the last placement got).
         self.num_workers = num_workers
         self.resources_per_worker = dict(resources_per_worker)
@@ -77,14 +88,24 @@ class BackendExecutor:
         # Whether the group must be replaced before its next run: a run that did not end
         # cleanly leaves the framework (a process group, a collective) in an unknown state.
         self._dirty = False
+        #: the current run's rounds (between begin and end)
+        self._rounds: Optional[RoundCollector] = None
+        # The dataset shards made for the current run: (dataset, group size, its config, shards).
+        self._shards: Optional[tuple] = None
+        # The file server on the driver's host (once a worker runs elsewhere) and the
+        # folders it serves so far: made once per group, not per run.
+        self._files: Any = None
+        self._served: Set[str] = set()
+        self._health = HEALTHY
+        self._next_health_check = 0.0
 
     @property
-    def min_workers(self) -> int:
-        return self.scaling.min_workers
+    def needs_restart(self) -> bool:
+        return self._dirty and self.worker_group is not None
 
-    @property
-    def max_workers(self) -> int:
-        return self.scaling.max_workers
+    def _size(self, room: int) -> int:
+        """The size to (re)start with when ``room`` workers fit, within [min, max]."""
+        return max(self.min_workers, min(self.max_workers, room))
 
     def _hook_kwargs(self) -> Dict[str, Any]:
         return {"worker_group": self.worker_group, "backend_config": self.backend_config, "backend": self.backend}
@@ -97,12 +118,11 @@ class BackendExecutor:
         actor_cls: Optional[type] = None,
         actor_cls_args: Optional[tuple] = None,
         actor_cls_kwargs: Optional[dict] = None,
-    ) -> WorkerGroup:
+    ) -> Optional[BaseException]:
         """Place the group, run ``initialization_hook`` on every worker, set the backend up.
 
-        One attempt: on any failure nothing is left running (no actors, no reservation).
-
-        :raises WorkerDiedError: a worker died on the way.
+        One attempt: on any failure nothing is left running (no actors, no reservation), and
+        the failure is returned (a death as :class:`WorkerDiedError`); ``None`` when started.
         """
         if self.worker_group is not None:
             raise RuntimeError("the worker group is already started")
@@ -113,16 +133,18 @@ class BackendExecutor:
             with _deaths_as_errors(None, "starting"):
                 self.worker_group = self._new_worker_group()
             self._setup()
-        except BaseException:
+        except BaseException as exc:
             if self.worker_group is not None:
                 self.worker_group.shutdown(patience_s=0)  # no teardown hook is registered yet
             self.worker_group, self.backend = None, None
-            raise
+            if not isinstance(exc, Exception):
+                raise  # Ctrl-C, SystemExit: not a failure to decide on
+            return exc
         wg = self.worker_group
         assert wg is not None
         wg.backend = self.backend
         wg.add_shutdown_hook(self._teardown)
-        return wg
+        return None
 
     def _new_worker_group(self, restarting: bool = False, count: Optional[int] = None) -> WorkerGroup:
         """Place a new group: ``num_workers`` of them, or for an elastic group as many as fit
@@ -144,7 +166,7 @@ class BackendExecutor:
         while True:
             if count is None:
                 count = fitting_workers(self.resources_per_worker, None, avoid)
-            self.num_workers = self.scaling.size(count)
+            self.num_workers = self._size(count)
             logger.info("elastic: starting %d workers (min %d, max %d)", self.num_workers,
                         self.min_workers, self.max_workers)
             left = max(0.0, deadline - time.monotonic())
@@ -210,16 +232,32 @@ class BackendExecutor:
         except Exception:
             logger.exception("backend failure handler raised")
 
-    def restart(self, error: Optional[BaseException] = None, move: bool = False,
-                size: Optional[int] = None) -> None:
+    def restart(self, error: Optional[BaseException] = None, size: Optional[int] = None,
+                move: bool = False) -> Optional[BaseException]:
         """Replace every worker (after ``error``) and set the same backend object up again.
 
         With ``move``, the group is placed anew (off draining hosts; an elastic group at
         ``size``, as the scaling policy decided, or at the size that fits now) rather than
         replacing only the workers that failed.
 
-        :raises WorkerDiedError: a worker of the new group died while it was set up.
+        :returns: the failure to do so (a death of a new worker while it was set up, a
+            placement that timed out), or ``None``.
         """
+        self._end_rounds()
+        try:
+            self._restart(error, size, move)
+        except Exception as exc:
+            return exc
+        if self._shards is not None:
+            # Ray Data's streaming split (split="coordinated") counts a dead consumer that had
+            # reached its epoch barrier and cannot forget it: a restarted group needs a new
+            # split. Divided and materialised shards are reused as they are.
+            dataset, _, dataset_config, made = self._shards
+            if not shards_survive_restart(dataset, dataset_config, made):
+                self._shards = None
+        return None
+
+    def _restart(self, error: Optional[BaseException], size: Optional[int], move: bool) -> None:
         if error is not None:
             self.handle_failure(error)
         self._dirty = True
@@ -242,7 +280,8 @@ class BackendExecutor:
                 # that are still there), release it, place anew off the lost hosts.
                 # Counted before the release: Ray's view may show it released a moment later
                 # (or already), and counting ours on top of that would ask for too many.
-                count = size if size is not None else self.room() if self.scaling.elastic else None
+                elastic = self.min_workers != self.max_workers
+                count = size if size is not None else self.room() if elastic else None
                 old.stop_actors()
                 old.shutdown(patience_s=0)
                 self.worker_group = self._new_worker_group(restarting=True, count=count)
@@ -292,63 +331,120 @@ class BackendExecutor:
 
     # --- runs ------------------------------------------------------------------------------
 
-    def start_training(
-        self,
-        train_func: Callable[[], Any],
-        checkpoint: Optional[dict] = None,
-        dataset_shards: Optional[List[Any]] = None,
-        start_iteration: int = 0,
-        direct_write: Optional[DirectWrite] = None,
-        run_info: Optional[Dict[str, Any]] = None,
-    ) -> RoundCollector:
-        """Start ``train_func`` on every worker (replacing the group first if its last run
-        failed) and return the collector of its rounds.
+    def begin(self, request: RunRequest) -> Optional[BaseException]:
+        """Start ``request.train_func`` on every worker; the failure to start it, or ``None``.
 
-        A worker that dies before its training function started shows up as a
-        :class:`~sgd.errors.WorkerDiedError` from the collector's first ``next_round``.
+        A worker that dies before its training function started shows up as a death from
+        the first :meth:`poll`: the start calls are waited on with the rounds.
         """
         if self.worker_group is None:
             raise RuntimeError("the trainer is not started; call trainer.start() first")
-        if self._dirty:
-            self.restart()
+        try:
+            self._begin(request)
+        except Exception as exc:
+            return exc
+        return None
+
+    def _begin(self, request: RunRequest) -> None:
         wg = self.worker_group
         assert wg is not None and self.backend is not None
+        shards = self._shards_for(request, wg)
+        driver_node = ray.get_runtime_context().get_node_id()
+        run_info: Dict[str, Any] = dict(request.run_info, driver_node_id=driver_node)
+        run_info["driver_files"] = self._file_server(request, wg, driver_node)
+        direct: Optional[DirectWrite] = None
+        if request.direct_write is not None and wg.metadata and wg.metadata[0].node_id == driver_node:
+            direct = request.direct_write  # rank 0 shares the driver's disk: it writes checkpoints itself
+            os.makedirs(direct.directory, exist_ok=True)
         with _deaths_as_errors(wg, "starting the training function"):
             self.hook.sgd_backend_training_start(**self._hook_kwargs())
         backend_cls = type(self.backend)  # the encoders run on the workers: no instance state travels
-        shards = dataset_shards or [None] * len(wg)
+        shards = shards or [None] * len(wg)
         # Everything that may import a framework when unpickled (the function, the backend's
         # encoders, the checkpoint) travels pickled while a preload is pending on that worker,
         # which unpickles it once the preload finished (issue 18).
-        user_code = (train_func, backend_cls.encode_data, backend_cls.encode_checkpoint, checkpoint)
+        user_code = (request.train_func, backend_cls.encode_data, backend_cls.encode_checkpoint, request.checkpoint)
         refs, pickled = [], None
         for rank, (w, shard) in enumerate(zip(wg.workers, shards)):
             code, preloads = wg.user_code_for(rank, user_code, pickled)
             if preloads:
                 pickled = code
             refs.append(w._sgd_start_training.remote(
-                code, shard, self.max_pending, start_iteration, direct_write if rank == 0 else None, run_info,
+                code, shard, self.max_pending, request.start_iteration, direct if rank == 0 else None, run_info,
                 preloads,
             ))
         # Until the run ends cleanly, assume it did not.
         self._dirty = True
         # Not waited for here: the collector waits on these with the rounds, so that a worker
         # whose run failed at once is seen even while another one's start has not returned.
-        return RoundCollector(wg.workers, starts=refs)
+        self._rounds = RoundCollector(wg.workers, starts=refs)
 
-    def rank0_on_driver_node(self) -> bool:
-        """Whether rank 0 shares the driver's node (and so its local disk)."""
-        wg = self.worker_group
-        if wg is None or not wg.metadata:
-            return False
-        return bool(wg.metadata[0].node_id == ray.get_runtime_context().get_node_id())
+    def _shards_for(self, request: RunRequest, wg: WorkerGroup) -> Optional[List[Any]]:
+        """The dataset split for this group's size: made once per run and size (a restarted
+        group of the same size reuses divided shards; see :meth:`restart`)."""
+        if request.dataset is None:
+            return None
+        n = len(wg)
+        if self._shards is not None and self._shards[0] is request.dataset and self._shards[1] == n:
+            return self._shards[3]
+        shortfall = data_cpu_shortfall(request.dataset)
+        if shortfall is not None:
+            raise ResourcesUnavailableError(shortfall)
+        hints = [m.node_id for m in wg.metadata]
+        shards = shard_datasets(request.dataset, n, request.dataset_config, hints, list(wg.workers))
+        self._shards = (request.dataset, n, request.dataset_config, shards)
+        return shards
+
+    def _file_server(self, request: RunRequest, wg: WorkerGroup, driver_node: str) -> Any:
+        """The file server on the driver's host, when a worker's host is another one (a disk
+        of its own): started once per group, told of new folders only when a run needs them."""
+        if self._files is None and all(m.node_id == driver_node for m in wg.metadata):
+            return None
+        wanted = {*(f"w:{p}" for p in request.writable), *(f"r:{p}" for p in request.readable)}
+        if self._files is None:
+            from sgd._worker.driver_files import start_server
+
+            self._files = start_server(driver_node, list(request.writable), list(request.readable))
+        elif not wanted <= self._served:
+            ray.get(self._files.allow.remote(list(request.writable), list(request.readable)))
+        self._served |= wanted
+        return self._files
+
+    def poll(self, timeout_s: float) -> Poll:
+        """The run's next round, its end, a failure, or idle after ``timeout_s``."""
+        if self._rounds is None:
+            raise RuntimeError("no run is active on this group")
+        return self._rounds.poll(timeout_s)
+
+    def health(self) -> Health:
+        """The group's hosts, read at most every :data:`NODE_CHECK_INTERVAL_S`."""
+        now = time.monotonic()
+        if now >= self._next_health_check:
+            self._next_health_check = now + NODE_CHECK_INTERVAL_S
+            self._health = read_health(self.worker_group)
+        return self._health
+
+    def announce_drain(self, draining: Dict[str, NodeInfo]) -> None:
+        if self.worker_group is not None:
+            announce_drain(self.worker_group, draining)
+
+    def stacks(self, timeout_s: float = 10.0, include_idle: bool = False) -> List[str]:
+        if self.worker_group is None:
+            return ["(no workers are running)\n"]
+        return self.worker_group.stacks(timeout_s, include_idle)
 
     def decode_checkpoint(self, state: Any) -> Any:
         assert self.backend is not None
         return self.backend.decode_checkpoint(state)
 
-    def end_training(self, ok: bool, error: Optional[BaseException] = None) -> None:
+    def _end_rounds(self) -> None:
+        self._rounds = None
+        self._health, self._next_health_check = HEALTHY, 0.0
+
+    def end(self, ok: bool, error: Optional[BaseException] = None) -> None:
         """Close a run: on success just forget it; on failure stop every worker at once."""
+        self._end_rounds()
+        self._shards = None
         if self.worker_group is None:
             return
         if ok:
@@ -359,7 +455,7 @@ class BackendExecutor:
         # join; only killing the processes stops it. Fresh actors start lazily.
         self.worker_group.stop_actors(patience_s=0)
 
-    def stop_training(self, patience_s: float) -> bool:
+    def stop(self, patience_s: float) -> bool:
         """Stop a running training function on every worker at its next report or checkpoint,
         keeping the workers. Workers that do not stop within ``patience_s`` seconds (a long
         step, a collective a stopped peer will not join) are killed; fresh ones start before
@@ -367,6 +463,8 @@ class BackendExecutor:
 
         :returns: whether the workers stopped by themselves (and are kept).
         """
+        self._end_rounds()
+        self._shards = None
         wg = self.worker_group
         if wg is None:
             return True
@@ -381,10 +479,21 @@ class BackendExecutor:
         return False
 
     def shutdown(self) -> None:
+        self._end_rounds()
+        self._shards = None
+        if self._files is not None:
+            files, self._files = self._files, None
+            self._served = set()
+            with contextlib.suppress(Exception):
+                ray.kill(files, no_restart=True)
         if self.worker_group is not None:
             wg, self.worker_group = self.worker_group, None
             wg.shutdown()
         self.backend = None
+
+
+#: The name of this class before it implemented the worker-group protocol.
+BackendExecutor = ActorGroup
 
 
 #: An elastic placement of more than ``min_workers`` that is not ready within this many seconds

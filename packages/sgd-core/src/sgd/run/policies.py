@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Dict, Union
+from typing import Dict, Optional, Union
 
 from sgd._common.nodes import NodeInfo
 from sgd.errors import TrainingFailedError, WorkerDiedError
@@ -54,13 +54,22 @@ class Raise:
 class FailurePolicy:
     """Counts worker deaths against ``max_retries`` (``-1``: unlimited).
 
-    One policy object lives as long as what it guards: a trainer's ``start`` or one run, so
-    that deaths while the group starts, while the run starts, mid-run or while restarting
-    all count against the same limit.
+    The run controller holds one and resets it (:meth:`reset`) for each scope it guards (a trainer's
+    ``start``, one run), so that deaths while the group starts, while the run starts, mid-run
+    or while restarting all count against the same limit. It is the only retry counter: the
+    launcher, the AIR and v1 trainers and sgd-horovod read ``failures`` (the controller's
+    ``attempt``) rather than counting on their own.
     """
 
     def __init__(self, max_retries: int):
         self.max_retries = max_retries
+        self.failures = 0
+
+    def reset(self, max_retries: Optional[int] = None) -> None:
+        """Start a new scope (the group's start, or a run): no failures so far; ``max_retries``,
+        when given, is the new scope's limit (a trainer's may change between runs)."""
+        if max_retries is not None:
+            self.max_retries = max_retries
         self.failures = 0
 
     def decide(self, failure: Failure) -> Union[Retry, Raise]:

@@ -1,0 +1,79 @@
+"""What a worker group tells the run controller, as data.
+
+A group never raises to say how its run is going: :meth:`RunGroup.poll
+<sgd.group.protocol.RunGroup.poll>` returns a :class:`Poll`, :meth:`RunGroup.health
+<sgd.group.protocol.RunGroup.health>` a :class:`Health`, and every step that can fail
+(start, restart, starting a run) returns the failure (or ``None``). The controller reads them
+and decides through its policies (:mod:`sgd.run.policies`). Exceptions are kept for what the
+user sees at the API's edge and for Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from sgd._common.nodes import NodeInfo
+from sgd._common.protocol import Round
+from sgd.errors import WorkerDiedError
+
+
+class PollKind(enum.Enum):
+    ROUND = "round"  # every worker sent its next item: ``round``
+    FINISHED = "finished"  # every worker's function returned: ``returns``
+    ERROR = "error"  # a worker raised, or the workers are out of step: ``error`` (not retried)
+    DIED = "died"  # a worker's process (or its host) is gone: ``error``, a WorkerDiedError
+    IDLE = "idle"  # nothing within the poll's timeout
+
+
+@dataclass(frozen=True)
+class Poll:
+    """One answer of :meth:`RunGroup.poll`.
+
+    :ivar progress: how many items each worker has sent so far in this run (the hang
+        watchdog names the ranks that are behind from it).
+    :ivar last_progress: when (``time.monotonic()``) any worker last sent an item, ended its
+        run or started it.
+    """
+
+    kind: PollKind
+    round: Optional[Round] = None
+    returns: Optional[List[Any]] = None
+    error: Optional[BaseException] = None
+    progress: List[int] = field(default_factory=list)
+    last_progress: float = 0.0
+
+    @classmethod
+    def of_round(cls, round_: Round) -> Poll:
+        return cls(PollKind.ROUND, round=round_)
+
+    @classmethod
+    def finished(cls, returns: List[Any]) -> Poll:
+        return cls(PollKind.FINISHED, returns=returns)
+
+    @classmethod
+    def failed(cls, error: BaseException) -> Poll:
+        kind = PollKind.DIED if isinstance(error, WorkerDiedError) else PollKind.ERROR
+        return cls(kind, error=error)
+
+    @classmethod
+    def idle(cls, progress: List[int], last_progress: float) -> Poll:
+        return cls(PollKind.IDLE, progress=list(progress), last_progress=last_progress)
+
+
+@dataclass(frozen=True)
+class Health:
+    """The group's hosts as last read (:meth:`RunGroup.health`).
+
+    :ivar lost: a worker whose host was declared dead (the group must be restarted).
+    :ivar draining: the draining hosts the group runs on, by node id.
+    """
+
+    lost: Optional[WorkerDiedError] = None
+    draining: Dict[str, NodeInfo] = field(default_factory=dict)
+
+
+HEALTHY = Health()
+
+__all__ = ["HEALTHY", "Health", "Poll", "PollKind"]

@@ -1,0 +1,557 @@
+"""One owner for a run's lifecycle: start the group, start training, collect rounds, decide
+on failure, resize, finish.
+
+:class:`RunController` drives a worker group (:class:`sgd.group.protocol.RunGroup`: Ray
+actors, the driver's own process, or a fake in tests) for as long as its workers are up.
+:meth:`RunController.start` starts the group; :meth:`RunController.begin` starts one run and
+returns its :class:`ActiveRun`, a state machine with one step function
+(:meth:`ActiveRun._step`)::
+
+    Starting ──► Running ──► Finished
+        │          │  ▲  └──► Failing ──► Errored      (or Stopped, by TrainingIterator.stop)
+        │          ▼  │
+        └──► Restarting / Resizing
+
+The group *returns* what happened (a :class:`~sgd.group.status.Poll`, a
+:class:`~sgd.group.status.Health`, a failed step's error) and every decision comes from a
+policy (:mod:`sgd.run.policies`) that returns it: the :class:`FailurePolicy` (the only retry
+counter) for any failure at any phase, the :class:`ScalingPolicy` for draining hosts and
+elastic growth. Each state is an object that carries its data (the failure being retried,
+the resize decided). Only the API's edge (:meth:`ActiveRun.next`, :meth:`RunController.start`)
+raises, for the user.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import math
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+
+from sgd._common.nodes import NodeInfo
+from sgd._common.protocol import DirectCheckpoint, DirectWrite, Round, detailed_metrics_enabled
+from sgd._internal.run_dir import RunDirectory
+from sgd.callbacks import TrainingCallback
+from sgd.checkpoint import METADATA_FILE, SHARDED_KEY
+from sgd.checkpoint.manager import CheckpointManager
+from sgd.data import DatasetConfig
+from sgd.errors import ResourcesUnavailableError
+from sgd.group.protocol import RunGroup, RunRequest
+from sgd.group.status import Poll, PollKind
+from sgd.run.health import STACKS_CHECK_INTERVAL_S, answer_stacks_request, hang_error
+from sgd.run.policies import ClusterView, Failure, FailurePolicy, Raise, Resize, ScalingPolicy, Wait
+
+logger = logging.getLogger("sgd")
+
+#: A draining host is left this many seconds before its deadline when no checkpoint came.
+DRAIN_MARGIN_S = float(os.environ.get("SGD_DRAIN_MARGIN_S", "5"))
+#: How often (at most) an elastic group below its max looks for room, after a checkpoint.
+GROW_CHECK_INTERVAL_S = float(os.environ.get("SGD_ELASTIC_GROW_CHECK_S", "5"))
+#: The controller polls the group in slices this long (seconds): between them it reads the
+#: hosts' health, the hang watchdog and ``sgd stacks`` requests, and a signal (Ctrl-C) gets through.
+POLL_SLICE_S = 1.0
+
+
+class RunState(enum.Enum):
+    """Where an :class:`ActiveRun` is; :attr:`ActiveRun.transitions` records each change."""
+
+    STARTING = "starting"  # the training functions are being started (a failure is pending)
+    RUNNING = "running"  # rounds are being collected
+    RESTARTING = "restarting"  # after a failure the policy retries: new workers, latest checkpoint
+    RESIZING = "resizing"  # a scaling decision: the group is placed anew (not a failure)
+    FAILING = "failing"  # the policy gave up: the run ends as errored with ``error``
+    FINISHED = "finished"
+    ERRORED = "errored"
+    STOPPED = "stopped"
+
+
+# --- the states, each with its data ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Starting:
+    """The run's start was tried; ``error``: how it failed (decided at the first step)."""
+
+    error: Optional[BaseException] = None
+    kind = RunState.STARTING
+
+
+@dataclass(frozen=True)
+class Running:
+    kind = RunState.RUNNING
+
+
+@dataclass(frozen=True)
+class Restarting:
+    """After ``failure``, the policy's ``attempt``-th retry: new workers, latest checkpoint."""
+
+    failure: Failure
+    attempt: int
+    kind = RunState.RESTARTING
+
+
+@dataclass(frozen=True)
+class Resizing:
+    """The scaling policy's ``resize``: the group placed anew (not a failure)."""
+
+    resize: Resize
+    kind = RunState.RESIZING
+
+
+@dataclass(frozen=True)
+class Failing:
+    """The policy gave up: ``error`` is what the user gets."""
+
+    error: BaseException
+    kind = RunState.FAILING
+
+
+@dataclass(frozen=True)
+class Ended:
+    """Finished, errored or stopped (``kind`` says which)."""
+
+    kind: RunState
+    error: Optional[BaseException] = None
+
+
+State = Union[Starting, Running, Restarting, Resizing, Failing, Ended]
+_ENDED = (RunState.FINISHED, RunState.ERRORED, RunState.STOPPED)
+
+
+@dataclass
+class RunSpec:
+    """Everything one run needs, prepared by :meth:`sgd.Trainer.run_iterator`."""
+
+    train_func: Callable[[], Any]
+    config: Dict[str, Any]
+    callbacks: List[TrainingCallback]
+    checkpoint: Optional[dict]
+    dataset: Any
+    dataset_config: Optional[Dict[str, DatasetConfig]]
+    run_dir: RunDirectory
+    manager: CheckpointManager
+    #: worker deaths this run recovers from (``-1``: unlimited): the trainer's ``max_retries``
+    #: when the run begins (it may change between runs).
+    max_retries: int
+    #: what ``sgd.get_context()`` tells the workers about this run (experiment, trial...).
+    worker_run_info: Dict[str, Optional[str]] = field(default_factory=dict)
+    #: given to ``sgd_handle_result`` with every round.
+    run_info: Dict[str, Any] = field(default_factory=dict)
+
+
+class RunController:
+    """Owns a trainer's worker group from ``start`` to ``shutdown`` and each run on it.
+
+    :param group: the worker group (:class:`sgd.group.protocol.RunGroup`).
+    :param max_retries: deaths recovered from while the group starts (each run brings its own
+        limit in its :class:`RunSpec`); ``-1``: unlimited.
+    :param hang_timeout_s: the hang watchdog's timeout; ``None``: off.
+    :param failure_policy: the retry counter; by default a :class:`FailurePolicy`.
+    :param scaling_policy: sizes the group; by default a :class:`ScalingPolicy` over the
+        group's ``[min_workers, max_workers]``.
+    """
+
+    def __init__(self, group: RunGroup, max_retries: int, hang_timeout_s: Optional[float] = None,
+                 failure_policy: Optional[FailurePolicy] = None, scaling_policy: Optional[ScalingPolicy] = None):
+        self.group = group
+        self.hang_timeout_s = hang_timeout_s
+        #: the only retry counter: every failure of the group's start and of each run is
+        #: decided (and counted) here; ``attempt`` tells anyone else where it stands.
+        self.failures = failure_policy if failure_policy is not None else FailurePolicy(max_retries)
+        self.scaling = scaling_policy if scaling_policy is not None else ScalingPolicy(
+            group.min_workers, group.max_workers)
+
+    @property
+    def executor(self) -> RunGroup:
+        """The group (this attribute's name before the worker-group protocol)."""
+        return self.group
+
+    @property
+    def worker_group(self) -> Any:
+        return getattr(self.group, "worker_group", None)
+
+    @property
+    def attempt(self) -> int:
+        """Failures retried so far in the current scope (the group's start, or the current run)."""
+        return self.failures.failures
+
+    def start(
+        self,
+        initialization_hook: Optional[Callable[[], Any]] = None,
+        actor_cls: Optional[type] = None,
+        actor_cls_args: Optional[tuple] = None,
+        actor_cls_kwargs: Optional[dict] = None,
+    ) -> Any:
+        """Start the group (hook and backend setup included), retrying worker deaths.
+
+        :raises TrainingFailedError: workers kept dying past ``max_retries``.
+        :raises Exception: a failure the policy does not retry (a user's error in the hook).
+        """
+        self.failures.reset()
+        while True:
+            error = self.group.start(initialization_hook, actor_cls, actor_cls_args, actor_cls_kwargs)
+            if error is None:
+                return self.worker_group
+            decision = self.failures.decide(Failure(error, "starting the workers"))
+            if isinstance(decision, Raise):
+                raise decision.error
+
+    def begin(self, spec: RunSpec) -> ActiveRun:
+        """Start one run. Never raises for a failure of the run itself: that comes out of
+        :meth:`ActiveRun.next`."""
+        self.failures.reset(spec.max_retries)
+        return ActiveRun(self, spec)
+
+    def shutdown(self) -> None:
+        self.group.shutdown()
+
+
+class ActiveRun:
+    """One run on a controller's group: rounds in, results out, failures decided."""
+
+    def __init__(self, controller: RunController, spec: RunSpec):
+        self._group = controller.group
+        self._controller = controller
+        self._spec = spec
+        self._manager = spec.manager
+        self._hook = controller.group.hook
+        self._hang_timeout_s = controller.hang_timeout_s
+        self._delivered_iteration = spec.run_dir.last_iteration()
+        self._manager.delivered_iteration = self._delivered_iteration
+        # The report the workers' stream is at (replayed ones after a restart included), and
+        # whether this run saves its checkpoints before the report they go with: decided by
+        # its first checkpoint (saved before any report: yes). See _file_under.
+        self._position = 0
+        self._save_then_report: Optional[bool] = None
+        self._run_info = dict(spec.run_info, callbacks=list(spec.callbacks))
+        initial = spec.checkpoint
+        self._readable = [initial[SHARDED_KEY]] if isinstance(initial, dict) and SHARDED_KEY in initial else []
+        # Between rounds: the drain being acted on, a resize decided after a checkpoint (done
+        # before the next round), the next time an elastic group looks for room to grow.
+        self._next_stacks_check = 0.0
+        self._drain: Optional[Dict[str, NodeInfo]] = None
+        self._drain_waits_logged = False
+        self._resize: Optional[Resize] = None
+        self._next_grow_check = time.monotonic() + GROW_CHECK_INTERVAL_S
+        self.returns: Optional[List[Any]] = None
+        #: every state the run went through, in order (tests and ``sgd`` debugging read it)
+        self.transitions: List[RunState] = []
+        #: the same, with each state's data
+        self.history: List[State] = []
+        #: asynchronously written checkpoints announced, not yet complete: (payload, iteration)
+        self._pending: List[Tuple[DirectCheckpoint, int]] = []
+        resumed = self._delivered_iteration > 0
+        self._to(Starting())
+        for cb in spec.callbacks:
+            cb.start_training(logdir=str(spec.run_dir.path), config=spec.config, resumed=resumed,
+                              start_iteration=self._delivered_iteration)
+        try:
+            error = self._launch(spec.checkpoint, self._manager.latest_iteration if spec.checkpoint else 0)
+        except KeyboardInterrupt as exc:
+            self.finish(error=True, exc=exc)
+            raise
+        self._to(Running() if error is None else Starting(error))
+
+    @property
+    def state(self) -> RunState:
+        return self.transitions[-1]
+
+    @property
+    def finished(self) -> bool:
+        return self.state in _ENDED
+
+    def _to(self, state: State) -> None:
+        logger.debug("run %s: %s", self._spec.run_dir.path.name, state.kind.value)
+        if self.transitions and self.transitions[-1] is state.kind and state.kind is RunState.STARTING:
+            self.history[-1] = state  # the start's outcome, not a new state
+            return
+        self.transitions.append(state.kind)
+        self.history.append(state)
+
+    # --- starting and recovering -----------------------------------------------------------
+
+    def _launch(self, checkpoint: Optional[dict], start_iteration: int) -> Optional[BaseException]:
+        """Start the training functions (replacing the group first when its last run did not
+        end cleanly); the failure to, or ``None``."""
+        group, spec = self._group, self._spec
+        if group.needs_restart:
+            error = group.restart(None)
+            if error is not None:
+                return error
+        direct = None
+        if self._manager.strategy.num_to_keep != 0:
+            # Rank 0 writes checkpoints itself when it shares the driver's disk (the group knows).
+            direct = DirectWrite(str(self._manager.checkpoint_dir), self._manager.codec,
+                                 self._manager.strategy.checkpoint_score_attribute)
+        self._position = start_iteration
+        self._drain, self._drain_waits_logged = None, False
+        return group.begin(RunRequest(
+            train_func=spec.train_func, checkpoint=checkpoint, dataset=spec.dataset,
+            dataset_config=spec.dataset_config, start_iteration=start_iteration, direct_write=direct,
+            run_info=dict(spec.worker_run_info), writable=[str(spec.run_dir.path)], readable=self._readable,
+        ))
+
+    def _fail(self, error: BaseException, phase: str) -> None:
+        """Ask the failure policy; the next state is its decision: Restarting or Failing."""
+        failure = Failure(error, phase)
+        decision = self._controller.failures.decide(failure)
+        if isinstance(decision, Raise):
+            self._to(Failing(decision.error))
+        else:
+            self._to(Restarting(failure, decision.attempt))
+
+    def _recover(self, error: Optional[BaseException], resize: Optional[Resize] = None) -> None:
+        """Replace the group (after ``error``, or placed anew by ``resize``) and start the run
+        again from the latest checkpoint; a failure on the way is decided like any other."""
+        failed = self._group.restart(error, size=resize.num_workers if resize is not None else None,
+                                     move=resize is not None)
+        if isinstance(failed, ResourcesUnavailableError):
+            wrapped = ResourcesUnavailableError(
+                f"{failed} Every result and checkpoint reported so far is kept in {self._spec.run_dir.path}; "
+                "resume it with sgd.Trainer.restore(run_dir) once the cluster has room.")
+            wrapped.__cause__ = failed
+            failed = wrapped
+        if failed is None:
+            self._pending.clear()  # background writes of the old workers never complete
+            self._manager.remove_temporary()  # the old workers are gone, mid-write or not
+            state = self._manager.restorable()
+            if state is not None:
+                failed = self._launch(state, self._manager.latest_iteration)
+            else:
+                failed = self._launch(self._spec.checkpoint, 0)
+        if failed is not None:
+            self._fail(failed, "restarting")
+        else:
+            self._to(Running())
+
+    # --- between rounds: hosts, hangs, room to grow -------------------------------------------
+
+    def _between_rounds(self, poll: Poll) -> None:
+        """After each poll: ``sgd stacks`` asking, the hang watchdog (after an idle poll), and
+        the hosts' health (the group reads the cluster at most every few seconds): a host Ray
+        declared dead fails the run now; a draining host is announced to every worker and the
+        group leaves it at the next checkpoint, or shortly before its deadline."""
+        now = time.monotonic()
+        group = self._group
+        if now >= self._next_stacks_check:
+            self._next_stacks_check = now + STACKS_CHECK_INTERVAL_S
+            answer_stacks_request(self._spec.run_dir.path, lambda: group.stacks(timeout_s=5.0))
+        timeout = self._hang_timeout_s
+        if poll.kind is PollKind.IDLE and timeout is not None and now - poll.last_progress >= timeout:
+            self._fail(hang_error(timeout, poll.progress, group.stacks(timeout_s=5.0)), "training")
+            return
+        health = group.health()
+        if health.lost is not None:
+            self._fail(health.lost, "training")
+            return
+        if not health.draining:
+            return
+        if self._drain is None:
+            self._drain = dict(health.draining)
+            group.announce_drain(self._drain)
+        deadline = min(n.drain_deadline or math.inf for n in self._drain.values())
+        if time.time() >= deadline - DRAIN_MARGIN_S:
+            view = ClusterView(group.room(), self._drain, deadline_near=True)
+            decision = self._controller.scaling.decide(view, group.num_workers)
+            if isinstance(decision, Resize):
+                self._resize = decision
+
+    def _after_checkpoint(self) -> None:
+        """A checkpoint was just committed (the workers wait for its acknowledgement): ask the
+        scaling policy whether to leave a draining host or grow an elastic group. A resize is
+        carried out before the next round."""
+        group, scaling = self._group, self._controller.scaling
+        if self._drain is None:
+            if not scaling.elastic or group.num_workers >= scaling.max_workers:
+                return  # nothing could change: no need to read the cluster
+            now = time.monotonic()
+            if now < self._next_grow_check:
+                return
+            self._next_grow_check = now + GROW_CHECK_INTERVAL_S
+        decision = scaling.decide(ClusterView(group.room(), self._drain or {}), group.num_workers)
+        if isinstance(decision, Resize):
+            self._resize = decision
+        elif isinstance(decision, Wait) and not self._drain_waits_logged:
+            self._drain_waits_logged = True
+            logger.warning("%s", decision.reason)
+
+    # --- the step function -----------------------------------------------------------------
+
+    def next(self) -> Optional[List[Dict[str, Any]]]:
+        """The next report round (one dict per worker), or ``None`` once the run finished.
+
+        :raises TrainingFailedError: workers died more often than ``max_retries`` allows.
+        :raises Exception: a worker's exception, with its own type (see :class:`sgd.WorkerError`).
+        """
+        if self.finished:
+            return None
+        try:
+            while True:
+                results = self._step()
+                if results is not None or self.finished:
+                    return results
+                failing = self.history[-1]
+                if isinstance(failing, Failing):
+                    self.finish(error=True, exc=failing.error)
+                    raise failing.error
+        except BaseException as exc:
+            self.finish(error=True, exc=exc)
+            raise
+
+    def _step(self) -> Optional[List[Dict[str, Any]]]:
+        """One step of the state machine: a delivered round's results, or ``None`` (a state
+        changed, or the round had nothing to hand out)."""
+        state = self.history[-1]
+        if isinstance(state, Starting):
+            assert state.error is not None
+            self._fail(state.error, "starting the run")
+        elif isinstance(state, Restarting):
+            self._recover(state.failure.error)
+        elif isinstance(state, Resizing):
+            logger.warning("%s; restarting %d workers from the latest checkpoint (not a failure)",
+                           state.resize.reason, state.resize.num_workers)
+            self._recover(None, state.resize)
+        elif isinstance(state, Running):
+            if self._resize is not None:
+                resize, self._resize = self._resize, None
+                self._to(Resizing(resize))
+                return None
+            poll = self._group.poll(POLL_SLICE_S)
+            if poll.kind is PollKind.ROUND:
+                assert poll.round is not None
+                results = self._deliver(poll.round)
+            elif poll.kind is PollKind.FINISHED:
+                self.returns = poll.returns
+                self._commit_pending(final=True)
+                self.finish(error=False)
+                return None
+            elif poll.kind in (PollKind.ERROR, PollKind.DIED):
+                assert poll.error is not None
+                self._fail(poll.error, "training")
+                return None
+            else:
+                results = None
+            self._between_rounds(poll)
+            return results
+        return None
+
+    # --- rounds --------------------------------------------------------------------------------
+
+    def _deliver(self, round_: Round) -> Optional[List[Dict[str, Any]]]:
+        """Persist one round and hand it to the hooks and callbacks; ``None`` when there is
+        nothing to hand out (a checkpoint round, a round replayed after a restart)."""
+        manager = self._manager
+        if self._pending:
+            self._commit_pending()
+        if round_.is_checkpoint:
+            state = round_.saved_state
+            if isinstance(state, DirectCheckpoint) and state.pending:
+                # Written in the background: committed once its metadata appears (in order).
+                self._pending.append((state, self._file_under()))
+                self._commit_pending()
+                return None
+            if isinstance(state, DirectCheckpoint):
+                manager.register_written(Path(state.path), state.score_values, self._file_under())
+            else:
+                manager.register(self._group.decode_checkpoint(state), self._file_under())
+            self._after_checkpoint()
+            return None
+        iteration = round_.iteration
+        self._position = iteration
+        if self._save_then_report is None:
+            self._save_then_report = False
+        if iteration <= self._delivered_iteration:
+            _discard(round_.checkpoints)
+            return None  # replayed after a restart: callbacks already have it
+        self._delivered_iteration = iteration
+        results = round_.results
+        self._spec.run_dir.append_line(round_.json_line())
+        manager.delivered(iteration)
+        if round_.has_reported_checkpoint:
+            # After the results line: a driver that dies in between resumes from an older
+            # checkpoint and replays (de-duplicated), never skips, this round.
+            first = next(i for i, c in enumerate(round_.checkpoints) if c is not None)
+            manager.register_reported(round_.checkpoints, round_.full_result(first), iteration,
+                                      decode=self._group.decode_checkpoint)
+            self._after_checkpoint()
+        if detailed_metrics_enabled():  # persisted above in full; handed on only when asked for
+            round_.add_details()
+        # The plugins' implementations, then sgd-core's, which hands the round to the callbacks.
+        self._hook.sgd_handle_result(results=results, run_info=self._run_info)
+        return results
+
+    def checkpoint_for(self, iteration: int) -> Optional[Path]:
+        """The kept checkpoint filed under report ``iteration`` (see :meth:`_file_under`)."""
+        return self._manager.checkpoint_for(iteration)
+
+    def _file_under(self) -> int:
+        """The report a checkpoint saved now goes with (what Tune files it under, what a restart
+        from it counts on from). ``sgd.report(metrics, checkpoint=...)`` says it; a separate
+        ``save_checkpoint`` goes with the report before it, or, in a run whose first checkpoint
+        came before its first report (save, then report), with the report after it. That one
+        is restored from only once its report is delivered."""
+        if self._save_then_report is None:
+            self._save_then_report = True
+        return self._position + (1 if self._save_then_report else 0)
+
+    def _commit_pending(self, final: bool = False) -> None:
+        """Commit the asynchronously written checkpoints whose metadata file appeared, oldest
+        first (a newer one waits for an older one). ``final``: the workers have finished, so
+        every write that went well is complete; one that is not was abandoned."""
+        while self._pending:
+            state, iteration = self._pending[0]
+            if not (Path(state.path) / METADATA_FILE).is_file():
+                if not final:
+                    return
+                logger.warning("the asynchronous checkpoint %s was not completed by the workers; not committed",
+                               state.path)
+                self._pending.pop(0)
+                continue
+            self._pending.pop(0)
+            self._manager.register_written(Path(state.path), state.score_values, iteration)
+            self._after_checkpoint()
+
+    # --- the end ----------------------------------------------------------------------------------
+
+    def stop(self, patience_s: float) -> None:
+        """End the run now as ``STOPPED``: the training functions stop at their next report or
+        checkpoint (workers that do not within ``patience_s`` are killed); the callbacks
+        finish without error. Rounds not yet delivered are dropped."""
+        if self.finished:
+            return
+        self._to(Ended(RunState.STOPPED))
+        self._spec.run_dir.close(False, stopped=True)
+        self._group.stop(patience_s)
+        self._manager.remove_temporary()
+        for cb in self._spec.callbacks:
+            cb.finish_training(error=False)
+
+    def finish(self, error: bool, exc: Optional[BaseException] = None) -> None:
+        """End the run once: close the run directory, release or stop the workers, tell the callbacks."""
+        if self.finished:
+            return
+        self._to(Ended(RunState.ERRORED if error else RunState.FINISHED, exc))
+        self._spec.run_dir.close(error, interrupted=isinstance(exc, KeyboardInterrupt))
+        self._group.end(ok=not error, error=exc)
+        self._manager.remove_temporary()
+        for cb in self._spec.callbacks:
+            try:
+                cb.finish_training(error=error)
+            except Exception:
+                if not error:
+                    raise
+                logger.exception("callback %r failed in finish_training", cb)
+
+
+def _discard(payloads: List[Any]) -> None:
+    for p in payloads:
+        if isinstance(p, DirectCheckpoint):
+            shutil.rmtree(p.path, ignore_errors=True)
+
+
+__all__: Tuple[str, ...] = ("ActiveRun", "RunController", "RunSpec", "RunState")

@@ -1,0 +1,275 @@
+"""A worker group without Ray, scripted by a test: step sgd's run controller through reports,
+checkpoints, deaths, drains and hangs in milliseconds.
+
+:class:`FakeGroup` implements the worker-group protocol (:class:`sgd.group.protocol.RunGroup`)
+the run controller drives. A test queues what the workers "do" (:meth:`FakeGroup.report`,
+:meth:`FakeGroup.die`, ...) and what each step of the group's lifecycle returns, runs the
+controller (:func:`fake_trainer_run`, or :class:`sgd.run.controller.RunController` itself), and
+asserts on the results, the states the run went through, and :attr:`FakeGroup.calls`::
+
+    from sgd_testing import FakeGroup, fake_trainer_run
+
+    group = FakeGroup(num_workers=2)
+    group.report({"loss": 1.0}).die(rank=1).report({"loss": 0.5}).finish()
+    run = fake_trainer_run(group, tmp_path, max_retries=1)
+    assert [r[0]["loss"] for r in run] == [1.0, 0.5]
+    assert group.restarts == 1
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
+
+from sgd._common.nodes import NodeInfo
+from sgd._common.protocol import CHECKPOINT, CHECKPOINT_KEY, REPORT, decode_round
+from sgd.errors import WorkerDiedError
+from sgd.group.protocol import RunRequest
+from sgd.group.status import HEALTHY, Health, Poll, PollKind
+
+
+@dataclass
+class _Idle:
+    """Poll idle this many times, with no progress since ``since_s`` seconds before now."""
+
+    times: int
+    since_s: float
+
+
+class FakeGroup:
+    """A scripted worker group (see the module docstring).
+
+    :param num_workers: the group's size now; ``min_workers`` / ``max_workers`` (both default
+        to it) make it elastic.
+    :param hook: the plugin hooks (``sgd_handle_result`` is called with each round); by
+        default sgd's process-wide plugin manager's, which hands rounds to the callbacks.
+    """
+
+    def __init__(self, num_workers: int = 2, min_workers: Optional[int] = None, max_workers: Optional[int] = None,
+                 hook: Any = None):
+        if hook is None:
+            from sgd.plugins import get_plugin_manager
+
+            hook = get_plugin_manager().hook
+        self.hook = hook
+        self.num_workers = num_workers
+        self.min_workers = num_workers if min_workers is None else min_workers
+        self.max_workers = num_workers if max_workers is None else max_workers
+        #: every call the controller made, in order: ``(method, details)``
+        self.calls: List[Tuple[str, Dict[str, Any]]] = []
+        #: what the workers do, per run attempt; consumed by :meth:`poll`
+        self._events: Deque[Any] = deque()
+        self._outcomes: Dict[str, Deque[Optional[BaseException]]] = {"start": deque(), "begin": deque(),
+                                                                       "restart": deque()}
+        self._iteration = 0
+        self._progress = [0] * num_workers
+        self._last_progress = time.monotonic()
+        #: what :meth:`health` returns now (set it, or :meth:`drain`)
+        self.health_now: Health = HEALTHY
+        #: what :meth:`room` returns now
+        self.room_now = num_workers
+        self._dirty = False
+        self.started = False
+        #: the requests the run's starts got (the checkpoint and iteration each began from)
+        self.requests: List[RunRequest] = []
+
+    # --- scripting -------------------------------------------------------------------------
+
+    def report(self, *metrics: Dict[str, Any], checkpoint: Optional[Dict[str, Any]] = None) -> FakeGroup:
+        """Every worker reports; ``metrics`` per rank (one dict: the same for all ranks).
+        ``checkpoint``: rank 0 passes it with its report (``sgd.report(m, checkpoint=...)``)."""
+        per_rank = list(metrics) if len(metrics) > 1 else [metrics[0] if metrics else {}] * self.num_workers
+        self._events.append(("report", per_rank, checkpoint))
+        return self
+
+    def save(self, state: Dict[str, Any]) -> FakeGroup:
+        """Every worker calls ``sgd.save_checkpoint``; rank 0's ``state`` is kept."""
+        self._events.append(("save", state))
+        return self
+
+    def die(self, rank: int = 0, message: str = "SIGKILL") -> FakeGroup:
+        """Worker ``rank``'s process dies (a :class:`~sgd.errors.WorkerDiedError`)."""
+        self._events.append(("fail", WorkerDiedError(f"worker rank {rank} died: {message}", rank)))
+        return self
+
+    def raise_(self, error: BaseException) -> FakeGroup:
+        """A worker's training function raises ``error`` (not retried by the default policy)."""
+        self._events.append(("fail", error))
+        return self
+
+    def idle(self, times: int = 1, since_s: float = 0.0) -> FakeGroup:
+        """Nothing arrives for ``times`` polls; the last progress was ``since_s`` seconds ago
+        (a hang once it exceeds the controller's ``hang_timeout_s``)."""
+        self._events.append(_Idle(times, since_s))
+        return self
+
+    def call(self, action: Callable[[FakeGroup], Any]) -> FakeGroup:
+        """Run ``action(group)`` when the controller's polls get here (change the health, say)."""
+        self._events.append(("call", action))
+        return self
+
+    def finish(self, returns: Optional[Sequence[Any]] = None) -> FakeGroup:
+        """Every worker's function returns (``returns`` per rank, default ``None``)."""
+        self._events.append(("finish", list(returns) if returns is not None else None))
+        return self
+
+    def outcome(self, step: str, *errors: Optional[BaseException]) -> FakeGroup:
+        """What the next calls of ``step`` (``"start"``, ``"begin"``, ``"restart"``) return, in
+        order: ``None`` for success, or the failure."""
+        self._outcomes[step].extend(errors)
+        return self
+
+    def drain(self, node_id: str = "node-b", deadline_in_s: Optional[float] = None) -> None:
+        """From now on, a host of the group is draining (a preemption notice)."""
+        deadline = math.inf if deadline_in_s is None else time.time() + deadline_in_s
+        info = NodeInfo(node_id=node_id, ip="127.0.0.2", alive=True, port=0, drain_deadline=deadline)
+        self.health_now = Health(None, {node_id: info})
+
+    def lose_host(self, rank: int = 1) -> None:
+        """From now on, worker ``rank``'s host is declared dead."""
+        self.health_now = Health(WorkerDiedError(f"worker rank {rank} is gone: its host was declared dead", rank))
+
+    @property
+    def restarts(self) -> int:
+        return sum(1 for name, _ in self.calls if name == "restart")
+
+    def _record(self, name: str, **details: Any) -> Optional[BaseException]:
+        self.calls.append((name, details))
+        queue = self._outcomes.get(name)
+        return queue.popleft() if queue else None
+
+    # --- the protocol -------------------------------------------------------------------------
+
+    @property
+    def worker_group(self) -> Any:
+        return self if self.started else None
+
+    def start(self, initialization_hook: Optional[Callable[[], Any]] = None, actor_cls: Optional[type] = None,
+              actor_cls_args: Optional[tuple] = None,
+              actor_cls_kwargs: Optional[dict] = None) -> Optional[BaseException]:
+        error = self._record("start")
+        self.started = error is None
+        return error
+
+    def begin(self, request: RunRequest) -> Optional[BaseException]:
+        error = self._record("begin", checkpoint=request.checkpoint, start_iteration=request.start_iteration)
+        self.requests.append(request)
+        self._iteration = request.start_iteration
+        self._progress = [0] * self.num_workers
+        self._last_progress = time.monotonic()
+        if error is None:
+            self._dirty = True
+        return error
+
+    def poll(self, timeout_s: float) -> Poll:
+        self.calls.append(("poll", {}))
+        while self._events:
+            event = self._events[0]
+            if isinstance(event, _Idle):
+                event.times -= 1
+                if event.times <= 0:
+                    self._events.popleft()
+                return Poll.idle(self._progress, time.monotonic() - event.since_s)
+            self._events.popleft()
+            kind = event[0]
+            if kind == "call":
+                event[1](self)
+                continue
+            if kind == "fail":
+                return Poll.failed(event[1])
+            if kind == "finish":
+                returns = event[1] if event[1] is not None else [None] * self.num_workers
+                return Poll(PollKind.FINISHED, returns=returns)
+            self._progress = [p + 1 for p in self._progress]
+            self._last_progress = time.monotonic()
+            if kind == "save":
+                return Poll.of_round(decode_round(CHECKPOINT, [event[1]] + [None] * (self.num_workers - 1)))
+            _, per_rank, checkpoint = event
+            self._iteration += 1
+            items = []
+            for rank, metrics in enumerate(per_rank):
+                item = dict(metrics, _training_iteration=self._iteration)
+                if checkpoint is not None and rank == 0:
+                    item[CHECKPOINT_KEY] = checkpoint
+                items.append(item)
+            return Poll.of_round(decode_round(REPORT, items))
+        raise AssertionError("the fake group's script ran out: end it with .finish() (or a failure)")
+
+    def health(self) -> Health:
+        return self.health_now
+
+    def announce_drain(self, draining: Dict[str, NodeInfo]) -> None:
+        self.calls.append(("announce_drain", {"nodes": sorted(draining)}))
+
+    def room(self) -> int:
+        return self.room_now
+
+    @property
+    def needs_restart(self) -> bool:
+        return self._dirty
+
+    def restart(self, error: Optional[BaseException], size: Optional[int] = None,
+                move: bool = False) -> Optional[BaseException]:
+        failed = self._record("restart", error=error, size=size, move=move)
+        if failed is None:
+            self._dirty = False
+            if size is not None:
+                self.num_workers = size
+        return failed
+
+    def stacks(self, timeout_s: float = 10.0, include_idle: bool = False) -> List[str]:
+        return [f"rank {i}: (a fake worker)\n" for i in range(self.num_workers)]
+
+    def end(self, ok: bool, error: Optional[BaseException] = None) -> None:
+        self.calls.append(("end", {"ok": ok, "error": error}))
+        self._dirty = not ok
+
+    def stop(self, patience_s: float) -> bool:
+        self.calls.append(("stop", {"patience_s": patience_s}))
+        self._dirty = False
+        return True
+
+    def decode_checkpoint(self, state: Any) -> Any:
+        return state
+
+    def shutdown(self) -> None:
+        self.calls.append(("shutdown", {}))
+        self.started = False
+
+
+def fake_trainer_run(group: FakeGroup, logdir: Path, max_retries: int = 0, hang_timeout_s: Optional[float] = None,
+                     checkpoint: Optional[dict] = None, callbacks: Sequence[Any] = (),
+                     num_to_keep: Optional[int] = None, controller: Any = None) -> Any:
+    """Start ``group`` under a run controller and begin one run writing to ``logdir``; return
+    the run (:class:`sgd.run.controller.ActiveRun`): iterate ``run.next()`` until ``None``,
+    read ``run.transitions`` / ``run.history``, ``run.returns``."""
+    from sgd._internal.run_dir import RunDirectory
+    from sgd.checkpoint import CheckpointStrategy
+    from sgd.checkpoint.manager import CheckpointManager
+    from sgd.run.controller import RunController, RunSpec
+
+    if controller is None:
+        controller = RunController(group, max_retries, hang_timeout_s=hang_timeout_s)
+        controller.start()
+    run_dir = RunDirectory.create(Path(logdir) / f"run_{len(list(Path(logdir).glob('run_*'))) + 1:03d}")
+    manager = CheckpointManager(run_dir.checkpoint_dir, CheckpointStrategy(num_to_keep=num_to_keep), "pickle")
+    spec = RunSpec(train_func=lambda: None, config={}, callbacks=list(callbacks), checkpoint=checkpoint,
+                   dataset=None, dataset_config=None, run_dir=run_dir, manager=manager, max_retries=max_retries)
+    return controller.begin(spec)
+
+
+def rounds_of(run: Any) -> List[List[Dict[str, Any]]]:
+    """Every round the run delivers, until it ends (its error, if any, is raised)."""
+    out: List[List[Dict[str, Any]]] = []
+    while True:
+        results = run.next()
+        if results is None:
+            return out
+        out.append(results)
+
+
+__all__ = ["FakeGroup", "fake_trainer_run", "rounds_of"]
