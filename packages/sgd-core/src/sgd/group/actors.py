@@ -14,25 +14,23 @@ and stopped with the group.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Set
+from typing import Any, Callable, Dict, List, Optional, Set
 
 import ray
-from ray.exceptions import RayActorError
 
 from sgd._common.nodes import NODE_CHECK_INTERVAL_S, NodeInfo, NodeWatch
 from sgd._common.protocol import DirectWrite
 from sgd._common.scaling import fitting_workers
 from sgd._worker.session import DEFAULT_MAX_PENDING
 from sgd.backend import Backend, BackendConfig
-from sgd.data import data_cpu_shortfall, shard_datasets, shards_survive_restart
-from sgd.errors import WorkerDiedError
+from sgd.group.deaths import deaths_as_errors, idle_survivors
 from sgd.group.hosts import announce_drain, read_health
+from sgd.group.inputs import RunInputs
 from sgd.group.protocol import RunRequest
-from sgd.group.rounds import RoundCollector, short_error
+from sgd.group.rounds import RoundCollector
 from sgd.group.status import HEALTHY, Health, Poll
 from sgd.plugins import get_plugin_manager, run_backend_teardown
 from sgd.utils import ensure_ray
@@ -90,12 +88,8 @@ class ActorGroup:
         self._dirty = False
         #: the current run's rounds (between begin and end)
         self._rounds: Optional[RoundCollector] = None
-        # The dataset shards made for the current run: (dataset, group size, its config, shards).
-        self._shards: Optional[tuple] = None
-        # The file server on the driver's host (once a worker runs elsewhere) and the
-        # folders it serves so far: made once per group, not per run.
-        self._files: Any = None
-        self._served: Set[str] = set()
+        # The current run's dataset shards and the driver's file server (sgd.group.inputs).
+        self._inputs = RunInputs()
         self._health = HEALTHY
         self._next_health_check = 0.0
 
@@ -130,7 +124,7 @@ class ActorGroup:
         self._actor_cls = (actor_cls, actor_cls_args, actor_cls_kwargs)
         self.backend = self.backend_config.backend_cls()
         try:
-            with _deaths_as_errors(None, "starting"):
+            with deaths_as_errors(None, "starting"):
                 self.worker_group = self._new_worker_group()
             self._setup()
         except BaseException as exc:
@@ -205,7 +199,7 @@ class ActorGroup:
         backend setup hooks (on all), on the current group."""
         wg = self.worker_group
         assert wg is not None
-        with _deaths_as_errors(wg, "setting the worker group up"):
+        with deaths_as_errors(wg, "setting the worker group up"):
             if self._initialization_hook is not None:
                 if new is None:
                     wg.execute(self._initialization_hook)
@@ -248,13 +242,7 @@ class ActorGroup:
             self._restart(error, size, move)
         except Exception as exc:
             return exc
-        if self._shards is not None:
-            # Ray Data's streaming split (split="coordinated") counts a dead consumer that had
-            # reached its epoch barrier and cannot forget it: a restarted group needs a new
-            # split. Divided and materialised shards are reused as they are.
-            dataset, _, dataset_config, made = self._shards
-            if not shards_survive_restart(dataset, dataset_config, made):
-                self._shards = None
+        self._inputs.restarted()
         return None
 
     def _restart(self, error: Optional[BaseException], size: Optional[int], move: bool) -> None:
@@ -265,7 +253,7 @@ class ActorGroup:
         assert old is not None
         replaced: Optional[List[int]] = None
         begun = time.monotonic()
-        with _deaths_as_errors(None, "restarting"):
+        with deaths_as_errors(None, "restarting"):
             # A lost host takes its bundles with it: Ray keeps offering its resources (and
             # keeps the old reservation there) until it declares the host dead, ~15 s later.
             lost = self.nodes.lost({m.node_id for m in old.metadata}) if error is not None else {}
@@ -317,7 +305,7 @@ class ActorGroup:
         survivors: List[int] = []
         begun = time.monotonic()
         if wg.workers and self.backend.keeps_survivors(wg, self.backend_config):
-            survivors = _idle_survivors(wg, SURVIVOR_PATIENCE_S, extend=True)
+            survivors = idle_survivors(wg, SURVIVOR_PATIENCE_S, extend=True)
             logger.info("restart: %d of %d runs ended within %.2fs", len(survivors), len(wg),
                         time.monotonic() - begun)
         if not survivors:
@@ -348,15 +336,15 @@ class ActorGroup:
     def _begin(self, request: RunRequest) -> None:
         wg = self.worker_group
         assert wg is not None and self.backend is not None
-        shards = self._shards_for(request, wg)
+        shards = self._inputs.shards(request, wg)
         driver_node = ray.get_runtime_context().get_node_id()
         run_info: Dict[str, Any] = dict(request.run_info, driver_node_id=driver_node)
-        run_info["driver_files"] = self._file_server(request, wg, driver_node)
+        run_info["driver_files"] = self._inputs.file_server(request, wg, driver_node)
         direct: Optional[DirectWrite] = None
         if request.direct_write is not None and wg.metadata and wg.metadata[0].node_id == driver_node:
             direct = request.direct_write  # rank 0 shares the driver's disk: it writes checkpoints itself
             os.makedirs(direct.directory, exist_ok=True)
-        with _deaths_as_errors(wg, "starting the training function"):
+        with deaths_as_errors(wg, "starting the training function"):
             self.hook.sgd_backend_training_start(**self._hook_kwargs())
         backend_cls = type(self.backend)  # the encoders run on the workers: no instance state travels
         shards = shards or [None] * len(wg)
@@ -378,37 +366,6 @@ class ActorGroup:
         # Not waited for here: the collector waits on these with the rounds, so that a worker
         # whose run failed at once is seen even while another one's start has not returned.
         self._rounds = RoundCollector(wg.workers, starts=refs)
-
-    def _shards_for(self, request: RunRequest, wg: WorkerGroup) -> Optional[List[Any]]:
-        """The dataset split for this group's size: made once per run and size (a restarted
-        group of the same size reuses divided shards; see :meth:`restart`)."""
-        if request.dataset is None:
-            return None
-        n = len(wg)
-        if self._shards is not None and self._shards[0] is request.dataset and self._shards[1] == n:
-            return self._shards[3]
-        shortfall = data_cpu_shortfall(request.dataset)
-        if shortfall is not None:
-            raise ResourcesUnavailableError(shortfall)
-        hints = [m.node_id for m in wg.metadata]
-        shards = shard_datasets(request.dataset, n, request.dataset_config, hints, list(wg.workers))
-        self._shards = (request.dataset, n, request.dataset_config, shards)
-        return shards
-
-    def _file_server(self, request: RunRequest, wg: WorkerGroup, driver_node: str) -> Any:
-        """The file server on the driver's host, when a worker's host is another one (a disk
-        of its own): started once per group, told of new folders only when a run needs them."""
-        if self._files is None and all(m.node_id == driver_node for m in wg.metadata):
-            return None
-        wanted = {*(f"w:{p}" for p in request.writable), *(f"r:{p}" for p in request.readable)}
-        if self._files is None:
-            from sgd._worker.driver_files import start_server
-
-            self._files = start_server(driver_node, list(request.writable), list(request.readable))
-        elif not wanted <= self._served:
-            ray.get(self._files.allow.remote(list(request.writable), list(request.readable)))
-        self._served |= wanted
-        return self._files
 
     def poll(self, timeout_s: float) -> Poll:
         """The run's next round, its end, a failure, or idle after ``timeout_s``."""
@@ -444,7 +401,7 @@ class ActorGroup:
     def end(self, ok: bool, error: Optional[BaseException] = None) -> None:
         """Close a run: on success just forget it; on failure stop every worker at once."""
         self._end_rounds()
-        self._shards = None
+        self._inputs.run_ended()
         if self.worker_group is None:
             return
         if ok:
@@ -464,11 +421,11 @@ class ActorGroup:
         :returns: whether the workers stopped by themselves (and are kept).
         """
         self._end_rounds()
-        self._shards = None
+        self._inputs.run_ended()
         wg = self.worker_group
         if wg is None:
             return True
-        stopped = len(_idle_survivors(wg, patience_s)) == len(wg.workers)
+        stopped = len(idle_survivors(wg, patience_s)) == len(wg.workers)
         if stopped:
             self._dirty = False
             return True
@@ -480,12 +437,7 @@ class ActorGroup:
 
     def shutdown(self) -> None:
         self._end_rounds()
-        self._shards = None
-        if self._files is not None:
-            files, self._files = self._files, None
-            self._served = set()
-            with contextlib.suppress(Exception):
-                ray.kill(files, no_restart=True)
+        self._inputs.shutdown()
         if self.worker_group is not None:
             wg, self.worker_group = self.worker_group, None
             wg.shutdown()
@@ -506,57 +458,3 @@ ELASTIC_ATTEMPT_S = float(os.environ.get("SGD_ELASTIC_ATTEMPT_S", "5"))
 #: spreads through a process group one rank at a time (see sgd.backend.on_worker_run_error).
 #: Only for backends that keep survivors (:meth:`sgd.Backend.keeps_survivors`).
 SURVIVOR_PATIENCE_S = float(os.environ.get("SGD_SURVIVOR_PATIENCE_S", "5"))
-
-
-def _idle_survivors(wg: WorkerGroup, patience_s: float, extend: bool = False) -> List[int]:
-    """Indices of the workers that are alive and whose run ended within ``patience_s`` (each
-    is asked to stop first); with ``extend``, within ``patience_s`` of the last run that
-    ended. Dead workers answer at once, with an error."""
-    from ray.exceptions import RayError
-
-    stops = [w._sgd_stop.remote() for w in wg.workers]
-    watches = {w._sgd_watch.remote(): i for i, w in enumerate(wg.workers)}
-    waiting, alive = list(watches), []
-    deadline = time.monotonic() + patience_s
-    while waiting:
-        # Every call that has returned, else the first to return within the time left.
-        ready, waiting = ray.wait(waiting, num_returns=len(waiting), timeout=0)
-        if not ready:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            ready, waiting = ray.wait(waiting, num_returns=1, timeout=left)
-            if not ready:
-                break
-        for ref in ready:
-            try:
-                ray.get(ref)
-                alive.append(watches[ref])
-            except RayError:
-                pass
-        if ready and extend:
-            deadline = time.monotonic() + patience_s
-    for ref in ray.wait(stops, num_returns=len(stops), timeout=0)[0]:  # read: no "unhandled error" logs
-        try:
-            ray.get(ref)
-        except RayError:
-            pass
-    return sorted(alive)
-
-
-@contextlib.contextmanager
-def _deaths_as_errors(group: Optional[WorkerGroup], doing: str) -> Iterator[None]:
-    """Turn Ray's actor-death exceptions raised inside the block into :class:`WorkerDiedError`
-    naming the rank (when ``group`` can tell it) and what was being done."""
-    try:
-        yield
-    except RayActorError as exc:
-        rank = -1
-        actor_id = getattr(exc, "actor_id", None)
-        if group is not None and actor_id is not None:
-            for i, w in enumerate(group.workers):
-                if w._actor_id.hex() == actor_id:
-                    rank = i
-                    break
-        who = f"worker rank {rank}" if rank >= 0 else "a worker"
-        raise WorkerDiedError(f"{who} died while {doing}: {short_error(exc)}", rank) from exc

@@ -22,6 +22,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from sgd._common.protocol import CHECKPOINT, CHECKPOINT_KEY, REPORT, RemoteError, decode_round
+from sgd._common.waits import wait
 from sgd._worker.unsendable import recover_poll
 from sgd.errors import WorkerDiedError, WorkerError
 from sgd.group.status import Poll
@@ -281,8 +282,8 @@ class RoundCollector:
             else:
                 deadline = min(deadline, time.monotonic())
             waiting = [*self._watches, *self._starting, *self._inflight]
-            # In slices of at most a second: Ctrl-C is handled between them.
-            ready, _ = ray.wait(waiting, num_returns=1, timeout=min(1.0, max(0.0, deadline - time.monotonic())))
+            # In slices (sgd._common.waits): Ctrl-C is handled between them.
+            ready, _ = wait(waiting, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
             for ref in ready:
                 if ref in self._watches or ref in self._starting:
                     self._check_watch(ref)

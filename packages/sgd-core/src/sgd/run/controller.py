@@ -23,28 +23,28 @@ raises, for the user.
 
 from __future__ import annotations
 
-import enum
 import logging
 import math
 import os
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from sgd._common.nodes import NodeInfo
-from sgd._common.protocol import DirectCheckpoint, DirectWrite, Round, detailed_metrics_enabled
+from sgd._common.protocol import DirectWrite
 from sgd._internal.run_dir import RunDirectory
 from sgd.callbacks import TrainingCallback
-from sgd.checkpoint import METADATA_FILE, SHARDED_KEY
+from sgd.checkpoint import SHARDED_KEY
 from sgd.checkpoint.manager import CheckpointManager
 from sgd.data import DatasetConfig
 from sgd.errors import ResourcesUnavailableError
 from sgd.group.protocol import RunGroup, RunRequest
 from sgd.group.status import Poll, PollKind
+from sgd.run.delivery import Delivery
 from sgd.run.health import STACKS_CHECK_INTERVAL_S, answer_stacks_request, hang_error
 from sgd.run.policies import ClusterView, Failure, FailurePolicy, Raise, Resize, ScalingPolicy, Wait
+from sgd.run.states import _ENDED, Ended, Failing, Resizing, Restarting, Running, RunState, Starting, State
 
 logger = logging.getLogger("sgd")
 
@@ -55,72 +55,6 @@ GROW_CHECK_INTERVAL_S = float(os.environ.get("SGD_ELASTIC_GROW_CHECK_S", "5"))
 #: The controller polls the group in slices this long (seconds): between them it reads the
 #: hosts' health, the hang watchdog and ``sgd stacks`` requests, and a signal (Ctrl-C) gets through.
 POLL_SLICE_S = 1.0
-
-
-class RunState(enum.Enum):
-    """Where an :class:`ActiveRun` is; :attr:`ActiveRun.transitions` records each change."""
-
-    STARTING = "starting"  # the training functions are being started (a failure is pending)
-    RUNNING = "running"  # rounds are being collected
-    RESTARTING = "restarting"  # after a failure the policy retries: new workers, latest checkpoint
-    RESIZING = "resizing"  # a scaling decision: the group is placed anew (not a failure)
-    FAILING = "failing"  # the policy gave up: the run ends as errored with ``error``
-    FINISHED = "finished"
-    ERRORED = "errored"
-    STOPPED = "stopped"
-
-
-# --- the states, each with its data ----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Starting:
-    """The run's start was tried; ``error``: how it failed (decided at the first step)."""
-
-    error: Optional[BaseException] = None
-    kind = RunState.STARTING
-
-
-@dataclass(frozen=True)
-class Running:
-    kind = RunState.RUNNING
-
-
-@dataclass(frozen=True)
-class Restarting:
-    """After ``failure``, the policy's ``attempt``-th retry: new workers, latest checkpoint."""
-
-    failure: Failure
-    attempt: int
-    kind = RunState.RESTARTING
-
-
-@dataclass(frozen=True)
-class Resizing:
-    """The scaling policy's ``resize``: the group placed anew (not a failure)."""
-
-    resize: Resize
-    kind = RunState.RESIZING
-
-
-@dataclass(frozen=True)
-class Failing:
-    """The policy gave up: ``error`` is what the user gets."""
-
-    error: BaseException
-    kind = RunState.FAILING
-
-
-@dataclass(frozen=True)
-class Ended:
-    """Finished, errored or stopped (``kind`` says which)."""
-
-    kind: RunState
-    error: Optional[BaseException] = None
-
-
-State = Union[Starting, Running, Restarting, Resizing, Failing, Ended]
-_ENDED = (RunState.FINISHED, RunState.ERRORED, RunState.STOPPED)
 
 
 @dataclass
@@ -221,14 +155,9 @@ class ActiveRun:
         self._manager = spec.manager
         self._hook = controller.group.hook
         self._hang_timeout_s = controller.hang_timeout_s
-        self._delivered_iteration = spec.run_dir.last_iteration()
-        self._manager.delivered_iteration = self._delivered_iteration
-        # The report the workers' stream is at (replayed ones after a restart included), and
-        # whether this run saves its checkpoints before the report they go with: decided by
-        # its first checkpoint (saved before any report: yes). See _file_under.
-        self._position = 0
-        self._save_then_report: Optional[bool] = None
         self._run_info = dict(spec.run_info, callbacks=list(spec.callbacks))
+        self._delivery = Delivery(spec.run_dir, spec.manager, self._group.decode_checkpoint, self._hand_out,
+                                  self._after_checkpoint)
         initial = spec.checkpoint
         self._readable = [initial[SHARDED_KEY]] if isinstance(initial, dict) and SHARDED_KEY in initial else []
         # Between rounds: the drain being acted on, a resize decided after a checkpoint (done
@@ -243,13 +172,11 @@ class ActiveRun:
         self.transitions: List[RunState] = []
         #: the same, with each state's data
         self.history: List[State] = []
-        #: asynchronously written checkpoints announced, not yet complete: (payload, iteration)
-        self._pending: List[Tuple[DirectCheckpoint, int]] = []
-        resumed = self._delivered_iteration > 0
+        resumed = self._delivery.delivered_iteration > 0
         self._to(Starting())
         for cb in spec.callbacks:
             cb.start_training(logdir=str(spec.run_dir.path), config=spec.config, resumed=resumed,
-                              start_iteration=self._delivered_iteration)
+                              start_iteration=self._delivery.delivered_iteration)
         try:
             error = self._launch(spec.checkpoint, self._manager.latest_iteration if spec.checkpoint else 0)
         except KeyboardInterrupt as exc:
@@ -288,7 +215,7 @@ class ActiveRun:
             # Rank 0 writes checkpoints itself when it shares the driver's disk (the group knows).
             direct = DirectWrite(str(self._manager.checkpoint_dir), self._manager.codec,
                                  self._manager.strategy.checkpoint_score_attribute)
-        self._position = start_iteration
+        self._delivery.restarted(start_iteration)
         self._drain, self._drain_waits_logged = None, False
         return group.begin(RunRequest(
             train_func=spec.train_func, checkpoint=checkpoint, dataset=spec.dataset,
@@ -317,7 +244,6 @@ class ActiveRun:
             wrapped.__cause__ = failed
             failed = wrapped
         if failed is None:
-            self._pending.clear()  # background writes of the old workers never complete
             self._manager.remove_temporary()  # the old workers are gone, mid-write or not
             state = self._manager.restorable()
             if state is not None:
@@ -424,10 +350,10 @@ class ActiveRun:
             poll = self._group.poll(POLL_SLICE_S)
             if poll.kind is PollKind.ROUND:
                 assert poll.round is not None
-                results = self._deliver(poll.round)
+                results = self._delivery.deliver(poll.round)
             elif poll.kind is PollKind.FINISHED:
                 self.returns = poll.returns
-                self._commit_pending(final=True)
+                self._delivery.commit_pending(final=True)
                 self.finish(error=False)
                 return None
             elif poll.kind in (PollKind.ERROR, PollKind.DIED):
@@ -442,79 +368,13 @@ class ActiveRun:
 
     # --- rounds --------------------------------------------------------------------------------
 
-    def _deliver(self, round_: Round) -> Optional[List[Dict[str, Any]]]:
-        """Persist one round and hand it to the hooks and callbacks; ``None`` when there is
-        nothing to hand out (a checkpoint round, a round replayed after a restart)."""
-        manager = self._manager
-        if self._pending:
-            self._commit_pending()
-        if round_.is_checkpoint:
-            state = round_.saved_state
-            if isinstance(state, DirectCheckpoint) and state.pending:
-                # Written in the background: committed once its metadata appears (in order).
-                self._pending.append((state, self._file_under()))
-                self._commit_pending()
-                return None
-            if isinstance(state, DirectCheckpoint):
-                manager.register_written(Path(state.path), state.score_values, self._file_under())
-            else:
-                manager.register(self._group.decode_checkpoint(state), self._file_under())
-            self._after_checkpoint()
-            return None
-        iteration = round_.iteration
-        self._position = iteration
-        if self._save_then_report is None:
-            self._save_then_report = False
-        if iteration <= self._delivered_iteration:
-            _discard(round_.checkpoints)
-            return None  # replayed after a restart: callbacks already have it
-        self._delivered_iteration = iteration
-        results = round_.results
-        self._spec.run_dir.append_line(round_.json_line())
-        manager.delivered(iteration)
-        if round_.has_reported_checkpoint:
-            # After the results line: a driver that dies in between resumes from an older
-            # checkpoint and replays (de-duplicated), never skips, this round.
-            first = next(i for i, c in enumerate(round_.checkpoints) if c is not None)
-            manager.register_reported(round_.checkpoints, round_.full_result(first), iteration,
-                                      decode=self._group.decode_checkpoint)
-            self._after_checkpoint()
-        if detailed_metrics_enabled():  # persisted above in full; handed on only when asked for
-            round_.add_details()
+    def _hand_out(self, results: List[Dict[str, Any]]) -> None:
         # The plugins' implementations, then sgd-core's, which hands the round to the callbacks.
         self._hook.sgd_handle_result(results=results, run_info=self._run_info)
-        return results
 
     def checkpoint_for(self, iteration: int) -> Optional[Path]:
-        """The kept checkpoint filed under report ``iteration`` (see :meth:`_file_under`)."""
+        """The kept checkpoint filed under report ``iteration`` (see :meth:`Delivery.file_under`)."""
         return self._manager.checkpoint_for(iteration)
-
-    def _file_under(self) -> int:
-        """The report a checkpoint saved now goes with (what Tune files it under, what a restart
-        from it counts on from). ``sgd.report(metrics, checkpoint=...)`` says it; a separate
-        ``save_checkpoint`` goes with the report before it, or, in a run whose first checkpoint
-        came before its first report (save, then report), with the report after it. That one
-        is restored from only once its report is delivered."""
-        if self._save_then_report is None:
-            self._save_then_report = True
-        return self._position + (1 if self._save_then_report else 0)
-
-    def _commit_pending(self, final: bool = False) -> None:
-        """Commit the asynchronously written checkpoints whose metadata file appeared, oldest
-        first (a newer one waits for an older one). ``final``: the workers have finished, so
-        every write that went well is complete; one that is not was abandoned."""
-        while self._pending:
-            state, iteration = self._pending[0]
-            if not (Path(state.path) / METADATA_FILE).is_file():
-                if not final:
-                    return
-                logger.warning("the asynchronous checkpoint %s was not completed by the workers; not committed",
-                               state.path)
-                self._pending.pop(0)
-                continue
-            self._pending.pop(0)
-            self._manager.register_written(Path(state.path), state.score_values, iteration)
-            self._after_checkpoint()
 
     # --- the end ----------------------------------------------------------------------------------
 
@@ -546,12 +406,6 @@ class ActiveRun:
                 if not error:
                     raise
                 logger.exception("callback %r failed in finish_training", cb)
-
-
-def _discard(payloads: List[Any]) -> None:
-    for p in payloads:
-        if isinstance(p, DirectCheckpoint):
-            shutil.rmtree(p.path, ignore_errors=True)
 
 
 __all__: Tuple[str, ...] = ("ActiveRun", "RunController", "RunSpec", "RunState")

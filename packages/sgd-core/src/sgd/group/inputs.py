@@ -1,0 +1,79 @@
+"""What a run on actors needs besides its function: the dataset split for the group's size, and
+the file server on the driver's host for workers on hosts with disks of their own.
+
+Both are made once and reused: shards for every restart of a run that can reuse them, the
+file server for every run of the group (each later run's folders are added to it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, List, Optional, Set
+
+import ray
+
+from sgd.data import data_cpu_shortfall, shard_datasets, shards_survive_restart
+from sgd.group.protocol import RunRequest
+from sgd.worker_group import ResourcesUnavailableError, WorkerGroup
+
+
+class RunInputs:
+    """The shards of the current run and the group's file server."""
+
+    def __init__(self) -> None:
+        # (dataset, group size, its config, shards) of the current run
+        self._shards: Optional[tuple] = None
+        # the file server on the driver's host (once a worker runs elsewhere) and the folders
+        # it serves so far ("w:" writable, "r:" readable)
+        self._files: Any = None
+        self._served: Set[str] = set()
+
+    def shards(self, request: RunRequest, wg: WorkerGroup) -> Optional[List[Any]]:
+        """The dataset split for the group's size: made once per run and size (a restarted
+        group of the same size reuses divided shards; see :meth:`restarted`)."""
+        if request.dataset is None:
+            return None
+        n = len(wg)
+        if self._shards is not None and self._shards[0] is request.dataset and self._shards[1] == n:
+            return self._shards[3]
+        shortfall = data_cpu_shortfall(request.dataset)
+        if shortfall is not None:
+            raise ResourcesUnavailableError(shortfall)
+        hints = [m.node_id for m in wg.metadata]
+        shards = shard_datasets(request.dataset, n, request.dataset_config, hints, list(wg.workers))
+        self._shards = (request.dataset, n, request.dataset_config, shards)
+        return shards
+
+    def restarted(self) -> None:
+        """The group was replaced. Ray Data's streaming split (split="coordinated") counts a dead
+        consumer that had reached its epoch barrier and cannot forget it: a restarted group needs
+        a new split. Divided and materialised shards are reused as they are."""
+        if self._shards is not None:
+            dataset, _, dataset_config, made = self._shards
+            if not shards_survive_restart(dataset, dataset_config, made):
+                self._shards = None
+
+    def run_ended(self) -> None:
+        self._shards = None
+
+    def file_server(self, request: RunRequest, wg: WorkerGroup, driver_node: str) -> Any:
+        """The file server on the driver's host when a worker's host is another one (a disk of
+        its own): started once per group, told of new folders only when a run needs them."""
+        if self._files is None and all(m.node_id == driver_node for m in wg.metadata):
+            return None
+        wanted = {*(f"w:{p}" for p in request.writable), *(f"r:{p}" for p in request.readable)}
+        if self._files is None:
+            from sgd._worker.driver_files import start_server
+
+            self._files = start_server(driver_node, list(request.writable), list(request.readable))
+        elif not wanted <= self._served:
+            ray.get(self._files.allow.remote(list(request.writable), list(request.readable)))
+        self._served |= wanted
+        return self._files
+
+    def shutdown(self) -> None:
+        self._shards = None
+        if self._files is not None:
+            files, self._files, self._served = self._files, None, set()
+            with contextlib.suppress(Exception):
+                ray.kill(files, no_restart=True)

@@ -1,0 +1,129 @@
+"""One run's rounds on their way out: persisted, checkpoints registered, handed to the hooks.
+
+:class:`Delivery` is the run controller's (:mod:`sgd.run.controller`) one place where a round
+meets the run directory and the :class:`~sgd.checkpoint.manager.CheckpointManager`. Every report
+is written to ``results.jsonl`` once (a round replayed after a restart is recognised by its
+iteration and dropped), and every checkpoint is filed under the report it goes with.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from sgd._common.protocol import DirectCheckpoint, Round, detailed_metrics_enabled
+from sgd._internal.run_dir import RunDirectory
+from sgd.checkpoint import METADATA_FILE
+from sgd.checkpoint.manager import CheckpointManager
+
+logger = logging.getLogger("sgd")
+
+
+class Delivery:
+    """Rounds in, results out, checkpoints committed.
+
+    :param decode: the backend's checkpoint decoder (a checkpoint round's payload to a dict).
+    :param hand_out: called with each delivered report round's results (the hooks, then the
+        callbacks).
+    :param after_checkpoint: called after each committed checkpoint (the scaling policy's moment).
+    """
+
+    def __init__(self, run_dir: RunDirectory, manager: CheckpointManager, decode: Callable[[Any], Any],
+                 hand_out: Callable[[List[Dict[str, Any]]], None], after_checkpoint: Callable[[], None]):
+        self._run_dir = run_dir
+        self._manager = manager
+        self._decode = decode
+        self._hand_out = hand_out
+        self._after_checkpoint = after_checkpoint
+        #: the last report delivered (a resumed run starts after its run directory's last line)
+        self.delivered_iteration = run_dir.last_iteration()
+        manager.delivered_iteration = self.delivered_iteration
+        # The report the workers' stream is at (replayed ones after a restart included), and
+        # whether this run saves its checkpoints before the report they go with: decided by
+        # its first checkpoint (saved before any report: yes). See file_under.
+        self.position = 0
+        self._save_then_report: Optional[bool] = None
+        #: asynchronously written checkpoints announced, not yet complete: (payload, iteration)
+        self._pending: List[Tuple[DirectCheckpoint, int]] = []
+
+    def restarted(self, start_iteration: int) -> None:
+        """New workers start counting after ``start_iteration``; the old ones' background
+        writes never complete."""
+        self.position = start_iteration
+        self._pending.clear()
+
+    def deliver(self, round_: Round) -> Optional[List[Dict[str, Any]]]:
+        """Persist one round and hand it out; ``None`` when there is nothing to hand out (a
+        checkpoint round, a round replayed after a restart)."""
+        manager = self._manager
+        if self._pending:
+            self.commit_pending()
+        if round_.is_checkpoint:
+            state = round_.saved_state
+            if isinstance(state, DirectCheckpoint) and state.pending:
+                # Written in the background: committed once its metadata appears (in order).
+                self._pending.append((state, self.file_under()))
+                self.commit_pending()
+                return None
+            if isinstance(state, DirectCheckpoint):
+                manager.register_written(Path(state.path), state.score_values, self.file_under())
+            else:
+                manager.register(self._decode(state), self.file_under())
+            self._after_checkpoint()
+            return None
+        iteration = round_.iteration
+        self.position = iteration
+        if self._save_then_report is None:
+            self._save_then_report = False
+        if iteration <= self.delivered_iteration:
+            _discard(round_.checkpoints)
+            return None  # replayed after a restart: callbacks already have it
+        self.delivered_iteration = iteration
+        results = round_.results
+        self._run_dir.append_line(round_.json_line())
+        manager.delivered(iteration)
+        if round_.has_reported_checkpoint:
+            # After the results line: a driver that dies in between resumes from an older
+            # checkpoint and replays (de-duplicated), never skips, this round.
+            first = next(i for i, c in enumerate(round_.checkpoints) if c is not None)
+            manager.register_reported(round_.checkpoints, round_.full_result(first), iteration, decode=self._decode)
+            self._after_checkpoint()
+        if detailed_metrics_enabled():  # persisted above in full; handed on only when asked for
+            round_.add_details()
+        self._hand_out(results)
+        return results
+
+    def file_under(self) -> int:
+        """The report a checkpoint saved now goes with (what Tune files it under, what a restart
+        from it counts on from). ``sgd.report(metrics, checkpoint=...)`` says it; a separate
+        ``save_checkpoint`` goes with the report before it, or, in a run whose first checkpoint
+        came before its first report (save, then report), with the report after it. That one
+        is restored from only once its report is delivered."""
+        if self._save_then_report is None:
+            self._save_then_report = True
+        return self.position + (1 if self._save_then_report else 0)
+
+    def commit_pending(self, final: bool = False) -> None:
+        """Commit the asynchronously written checkpoints whose metadata file appeared, oldest
+        first (a newer one waits for an older one). ``final``: the workers have finished, so
+        every write that went well is complete; one that is not was abandoned."""
+        while self._pending:
+            state, iteration = self._pending[0]
+            if not (Path(state.path) / METADATA_FILE).is_file():
+                if not final:
+                    return
+                logger.warning("the asynchronous checkpoint %s was not completed by the workers; not committed",
+                               state.path)
+                self._pending.pop(0)
+                continue
+            self._pending.pop(0)
+            self._manager.register_written(Path(state.path), state.score_values, iteration)
+            self._after_checkpoint()
+
+
+def _discard(payloads: List[Any]) -> None:
+    for p in payloads:
+        if isinstance(p, DirectCheckpoint):
+            shutil.rmtree(p.path, ignore_errors=True)
