@@ -65,12 +65,40 @@ def tests(session: nox.Session) -> None:
     # a broken doc page. A narrowed run (`nox -s tests -- PATH`) leaves it out.
     if not session.posargs:
         session.notify("docs")
-    _install(session, *TEST_DEPS, *[arg for p in TEST_PACKAGES for arg in ("-e", p)])
+    _install_tests(session)
+    args = session.posargs or ["packages", "tests"]
+    session.run("pytest", *args, env={"PYTHONUNBUFFERED": "1"})
+
+
+def _install_tests(session: nox.Session, *extra: str) -> None:
+    _install(session, *TEST_DEPS, *extra, *[arg for p in TEST_PACKAGES for arg in ("-e", p)])
     # Horovod has no usable wheel on PyPI: build one against this session's torch, once per
     # (horovod, torch, python) version, cached in ~/.cache/sgd/wheels (docs/horovod.md).
     session.run("python", "scripts/build_horovod.py", "--install", *CONSTRAINTS)
-    args = session.posargs or ["packages", "tests"]
-    session.run("pytest", *args, env={"PYTHONUNBUFFERED": "1"})
+
+
+@nox.session(python=PYTHON)
+def coverage(session: nox.Session) -> None:
+    """Line and branch coverage of every package over the suite (``nox -s tests``' tests, or the
+    paths given), Ray's worker processes and spawned drivers included: a table per package in
+    ``build/coverage/coverage-by-package.md`` (docs/contributing.md)."""
+    _install_tests(session, "coverage>=7.4")
+    out = os.path.abspath("build/coverage")
+    session.run("rm", "-rf", out, external=True)
+    os.makedirs(out)
+    # Every Python process of this virtualenv measures itself when COVERAGE_PROCESS_START is set.
+    site = session.run("python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+                       silent=True).strip()
+    with open(os.path.join(site, "sgd_coverage.pth"), "w") as f:
+        f.write("import coverage; coverage.process_startup()\n")
+    env = {"PYTHONUNBUFFERED": "1", "COVERAGE_PROCESS_START": os.path.abspath("pyproject.toml"),
+           "COVERAGE_FILE": os.path.join(out, ".coverage")}
+    try:
+        session.run("pytest", *(session.posargs or ["packages", "tests"]), env=env, success_codes=[0, 1])
+    finally:
+        os.remove(os.path.join(site, "sgd_coverage.pth"))
+    session.run("coverage", "combine", "--rcfile=pyproject.toml", "--keep", "-q", env=env)
+    session.run("python", "scripts/coverage_report.py", os.path.join(out, ".coverage"))
 
 
 #: The fast tier: tests that need no Ray cluster and start no process (a conftest refuses both).
