@@ -25,11 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
-from sgd._common.nodes import NodeInfo
-from sgd._common.protocol import CHECKPOINT, CHECKPOINT_KEY, REPORT, decode_round
 from sgd.errors import WorkerDiedError
 from sgd.group.protocol import RunRequest
-from sgd.group.status import HEALTHY, Health, Poll, PollKind
+from sgd.group.status import HEALTHY, Health, NodeInfo, Poll, PollKind, checkpoint_round, report_round
 
 
 @dataclass
@@ -187,16 +185,11 @@ class FakeGroup:
             self._progress = [p + 1 for p in self._progress]
             self._last_progress = time.monotonic()
             if kind == "save":
-                return Poll.of_round(decode_round(CHECKPOINT, [event[1]] + [None] * (self.num_workers - 1)))
+                return Poll.of_round(checkpoint_round(event[1], self.num_workers))
             _, per_rank, checkpoint = event
             self._iteration += 1
-            items = []
-            for rank, metrics in enumerate(per_rank):
-                item = dict(metrics, _training_iteration=self._iteration)
-                if checkpoint is not None and rank == 0:
-                    item[CHECKPOINT_KEY] = checkpoint
-                items.append(item)
-            return Poll.of_round(decode_round(REPORT, items))
+            return Poll.of_round(report_round([dict(m, _training_iteration=self._iteration) for m in per_rank],
+                                              checkpoint))
         raise AssertionError("the fake group's script ran out: end it with .finish() (or a failure)")
 
     def health(self) -> Health:
@@ -247,18 +240,17 @@ def fake_trainer_run(group: FakeGroup, logdir: Path, max_retries: int = 0, hang_
     """Start ``group`` under a run controller and begin one run writing to ``logdir``; return
     the run (:class:`sgd.run.controller.ActiveRun`): iterate ``run.next()`` until ``None``,
     read ``run.transitions`` / ``run.history``, ``run.returns``."""
-    from sgd._internal.run_dir import RunDirectory
     from sgd.checkpoint import CheckpointStrategy
     from sgd.checkpoint.manager import CheckpointManager
-    from sgd.run.controller import RunController, RunSpec
+    from sgd.run.controller import RunController, new_run_spec
 
     if controller is None:
         controller = RunController(group, max_retries, hang_timeout_s=hang_timeout_s)
         controller.start()
-    run_dir = RunDirectory.create(Path(logdir) / f"run_{len(list(Path(logdir).glob('run_*'))) + 1:03d}")
-    manager = CheckpointManager(run_dir.checkpoint_dir, CheckpointStrategy(num_to_keep=num_to_keep), "pickle")
-    spec = RunSpec(train_func=lambda: None, config={}, callbacks=list(callbacks), checkpoint=checkpoint,
-                   dataset=None, dataset_config=None, run_dir=run_dir, manager=manager, max_retries=max_retries)
+    run_dir = Path(logdir) / f"run_{len(list(Path(logdir).glob('run_*'))) + 1:03d}"
+    manager = CheckpointManager(run_dir / "checkpoints", CheckpointStrategy(num_to_keep=num_to_keep), "pickle")
+    spec = new_run_spec(run_dir, lambda: None, manager=manager, max_retries=max_retries, callbacks=list(callbacks),
+                        checkpoint=checkpoint)
     return controller.begin(spec)
 
 

@@ -12,6 +12,7 @@ from typing import Any, List, Optional, Set
 
 import ray
 
+from sgd._worker.driver_files import start_server
 from sgd.data import data_cpu_shortfall, shard_datasets, shards_survive_restart
 from sgd.group.protocol import RunRequest
 from sgd.worker_group import ResourcesUnavailableError, WorkerGroup
@@ -63,8 +64,6 @@ class RunInputs:
             return None
         wanted = {*(f"w:{p}" for p in request.writable), *(f"r:{p}" for p in request.readable)}
         if self._files is None:
-            from sgd._worker.driver_files import start_server
-
             self._files = start_server(driver_node, list(request.writable), list(request.readable))
         elif not wanted <= self._served:
             ray.get(self._files.allow.remote(list(request.writable), list(request.readable)))

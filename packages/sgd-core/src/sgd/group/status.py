@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from sgd._common.nodes import NodeInfo
-from sgd._common.protocol import Round
+from sgd._common.protocol import CHECKPOINT, CHECKPOINT_KEY, REPORT, Round, decode_round
 from sgd.errors import WorkerDiedError
 
 
@@ -76,4 +76,20 @@ class Health:
 
 HEALTHY = Health()
 
-__all__ = ["HEALTHY", "Health", "Poll", "PollKind"]
+
+def report_round(results: List[Dict[str, Any]], checkpoint: Any = None) -> Round:
+    """A report round as a group hands it to the controller: one metrics dict per worker, each
+    with its ``_training_iteration``; ``checkpoint``: what rank 0 passed with its report
+    (``sgd.report(metrics, checkpoint=...)``), as the backend encoded it."""
+    items = [dict(r) for r in results]
+    if checkpoint is not None and items:
+        items[0][CHECKPOINT_KEY] = checkpoint
+    return decode_round(REPORT, items)
+
+
+def checkpoint_round(state: Any, num_workers: int) -> Round:
+    """A checkpoint round (every worker called ``sgd.save_checkpoint``; rank 0's ``state`` kept)."""
+    return decode_round(CHECKPOINT, [state] + [None] * (num_workers - 1))
+
+
+__all__ = ["HEALTHY", "Health", "NodeInfo", "Poll", "PollKind", "Round", "checkpoint_round", "report_round"]

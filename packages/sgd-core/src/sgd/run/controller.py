@@ -35,7 +35,7 @@ from sgd._common.nodes import NodeInfo
 from sgd._common.protocol import DirectWrite
 from sgd._internal.run_dir import RunDirectory
 from sgd.callbacks import TrainingCallback
-from sgd.checkpoint import SHARDED_KEY
+from sgd.checkpoint import SHARDED_KEY, CheckpointStrategy
 from sgd.checkpoint.manager import CheckpointManager
 from sgd.data import DatasetConfig
 from sgd.errors import ResourcesUnavailableError
@@ -76,6 +76,20 @@ class RunSpec:
     worker_run_info: Dict[str, Optional[str]] = field(default_factory=dict)
     #: given to ``sgd_handle_result`` with every round.
     run_info: Dict[str, Any] = field(default_factory=dict)
+
+
+def new_run_spec(run_dir: Path, train_func: Callable[[], Any], manager: Optional[CheckpointManager] = None,
+                 max_retries: int = 0, **fields: Any) -> RunSpec:
+    """A :class:`RunSpec` whose run directory is made at ``run_dir`` (a folder of its own), and
+    whose checkpoints go to its ``checkpoints/`` through ``manager`` (default: every checkpoint
+    kept, the ``pickle`` codec). ``fields``: the spec's other fields (``config``, ``callbacks``,
+    ``checkpoint``, ``dataset``...). For tests and embedders that drive a controller themselves."""
+    directory = RunDirectory.create(Path(run_dir))
+    if manager is None:
+        manager = CheckpointManager(directory.checkpoint_dir, CheckpointStrategy(), "pickle")
+    values: Dict[str, Any] = dict(config={}, callbacks=[], checkpoint=None, dataset=None, dataset_config=None)
+    values.update(fields)
+    return RunSpec(train_func=train_func, run_dir=directory, manager=manager, max_retries=max_retries, **values)
 
 
 class RunController:
@@ -408,4 +422,4 @@ class ActiveRun:
                 logger.exception("callback %r failed in finish_training", cb)
 
 
-__all__: Tuple[str, ...] = ("ActiveRun", "RunController", "RunSpec", "RunState")
+__all__: Tuple[str, ...] = ("ActiveRun", "RunController", "RunSpec", "RunState", "new_run_spec")
