@@ -82,7 +82,7 @@ def _run_killing_rank1_at_epoch_1(trainer, dataset_config=None):
                 self.done = True
                 os.kill(results[1]["pid"], signal.SIGKILL)
 
-    import sgd.group.actors as trainer_module  # where runs split their datasets
+    import sgd.group.inputs as trainer_module  # where runs split their datasets
 
     made = []
     real = trainer_module.shard_datasets
