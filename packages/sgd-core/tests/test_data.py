@@ -206,6 +206,21 @@ def test_parts_of_in_memory_and_mapped_data(base_trainer):
             assert abs(len(out[0][epoch]) - len(out[1][epoch])) <= 1
 
 
+def test_a_block_cut_between_workers_gives_each_row_to_one_worker(base_trainer):
+    """In-memory data whose blocks must be cut between two workers: one block of 569 rows
+    (from_pandas), blocks of several rows (from_items). Ray's RefBundle.slice only marks the cut,
+    which reading ignored: each worker read the whole block."""
+    import pandas as pd
+
+    one_block = ray_data.from_pandas(pd.DataFrame({"id": range(569)}))
+    items = ray_data.from_items([{"id": i} for i in range(569)])
+    for ds in (one_block, items):
+        out = base_trainer.run(_epochs, config={"epochs": 1}, dataset=ds)
+        first, second = out[0][0], out[1][0]
+        assert sorted(first + second) == list(range(569)), (len(first), len(second))
+        assert not set(first) & set(second) and abs(len(first) - len(second)) <= 1
+
+
 def test_fewer_workers_get_the_parts_redivided(ray_cluster):
     from sgd.data import shard_datasets
 

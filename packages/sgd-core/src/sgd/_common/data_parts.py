@@ -256,6 +256,10 @@ def _listing_indexer(indexer: Any, files: int) -> Any:
 
 
 def _slice_bundle(bundle: Any, start: Optional[int], end: Optional[int]) -> Any:
+    """Rows ``[start, end)`` of an in-memory bundle (all when ``None``), as a bundle of blocks
+    that hold just those rows. Ray's own ``RefBundle.slice`` only marks a slice, which reading a
+    dataset from such bundles ignores (every worker read every row of a one-block
+    ``from_pandas``): the blocks at the edges are cut and stored anew instead."""
     if start is None or end is None:
         return bundle
     if start > 0:
@@ -263,7 +267,26 @@ def _slice_bundle(bundle: Any, start: Optional[int], end: Optional[int]) -> Any:
         end -= start
     if end < bundle.num_rows():
         bundle = bundle.slice(end)[0]
-    return bundle
+    return _cut_slices(bundle)
+
+
+def _cut_slices(bundle: Any) -> Any:
+    """``bundle`` with each sliced block replaced by a block of just the slice's rows."""
+    import ray
+    from ray.data._internal.execution.interfaces import ref_bundle as rb
+    from ray.data.block import BlockAccessor
+
+    slices = getattr(bundle, "slices", None)
+    if not slices or all(s is None for s in slices):
+        return bundle
+    entries = []
+    for entry, cut in zip(bundle.blocks, slices):
+        ref, meta = (entry.ref, entry.metadata) if hasattr(entry, "ref") else entry
+        if cut is not None and (cut.start_offset, cut.end_offset) != (0, meta.num_rows):
+            block = BlockAccessor.for_block(ray.get(ref)).slice(cut.start_offset, cut.end_offset, copy=True)
+            ref, meta = ray.put(block), BlockAccessor.for_block(block).get_metadata()
+        entries.append(rb.BlockEntry(ref, meta) if hasattr(rb, "BlockEntry") else (ref, meta))
+    return rb.RefBundle(tuple(entries), owns_blocks=False, schema=bundle.schema)
 
 
 class _ShuffleRows:
