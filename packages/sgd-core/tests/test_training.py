@@ -386,3 +386,22 @@ def test_reports_made_before_an_error_reach_callbacks(trainer_2):
         trainer_2.run(train_func, callbacks=[rec])
     assert [[r["i"] for r in results] for results in rec.rounds] == [[0, 0], [1, 1], [2, 2]]
     assert rec.events[-1] == ("finish", True)
+
+
+def _checkpoint_and_rank():
+    return sgd.load_checkpoint()["w"], sgd.world_rank()
+
+
+def test_a_group_of_many_gets_the_code_and_checkpoint_through_one_copy(ray_cluster):
+    """From PUT_CODE_FROM workers on, the run's code and checkpoint travel by reference (put in
+    the object store once): every worker still runs the run's own function with its checkpoint."""
+    from sgd.group.actors import PUT_CODE_FROM
+
+    n = max(6, PUT_CODE_FROM)
+    trainer = sgd.Trainer(backend="base", num_workers=n, resources_per_worker={"CPU": 4 / n})
+    trainer.start()
+    try:
+        assert trainer.run(_checkpoint_and_rank, checkpoint={"w": 1}) == [(1, r) for r in range(n)]
+        assert trainer.run(_checkpoint_and_rank, checkpoint={"w": 2}) == [(2, r) for r in range(n)]
+    finally:
+        trainer.shutdown()

@@ -352,11 +352,20 @@ class ActorGroup:
         # encoders, the checkpoint) travels pickled while a preload is pending on that worker,
         # which unpickles it once the preload finished (issue 18).
         user_code = (request.train_func, backend_cls.encode_data, backend_cls.encode_checkpoint, request.checkpoint)
-        refs, pickled = [], None
+        # From PUT_CODE_FROM workers on, sent once rather than once per worker: each form (the
+        # code, or its pickle for workers with a preload pending) is put in the object store once
+        # and every worker gets a reference (a resumed run's checkpoint is serialised once).
+        refs: List[Any] = []
+        pickled: Optional[bytes] = None
+        put: Dict[bool, Any] = {}
         for rank, (w, shard) in enumerate(zip(wg.workers, shards)):
             code, preloads = wg.user_code_for(rank, user_code, pickled)
             if preloads:
                 pickled = code
+            if len(wg) >= PUT_CODE_FROM:
+                if bool(preloads) not in put:
+                    put[bool(preloads)] = ray.put(code)
+                code = put[bool(preloads)]
             refs.append(w._sgd_start_training.remote(
                 code, shard, self.max_pending, request.start_iteration, direct if rank == 0 else None, run_info,
                 preloads,
@@ -447,6 +456,10 @@ class ActorGroup:
 #: The name of this class before it implemented the worker-group protocol.
 BackendExecutor = ActorGroup
 
+
+#: From this many workers on, a run's code and checkpoint are put in the object store once and
+#: sent by reference (below it, inline in each call is cheaper).
+PUT_CODE_FROM = 4
 
 #: An elastic placement of more than ``min_workers`` that is not ready within this many seconds
 #: is given up and the workers counted again (the count came from a moment-old resource view).
