@@ -16,6 +16,26 @@ def _where(name: str) -> str:
     return f"dataset {name!r}"
 
 
+def shard_of(name: str, config: Dict[str, Any]) -> Any:
+    """This worker's part of dataset ``name``: a Ray Dataset arrives split by sgd; in-memory
+    data (pandas, NumPy) arrives whole and this worker takes its contiguous share of the rows."""
+    data = sgd.get_dataset_shard(name)
+    if name in config.get("rank_rows", ()):
+        data = rows_of_rank(data, sgd.world_rank(), sgd.world_size())
+    return data
+
+
+def rows_of_rank(data: Any, rank: int, size: int) -> Any:
+    """Rows ``[rank * n // size, (rank + 1) * n // size)`` of in-memory ``data``."""
+    if isinstance(data, dict):
+        return {k: rows_of_rank(v, rank, size) for k, v in data.items()}
+    if isinstance(data, tuple):
+        return tuple(rows_of_rank(v, rank, size) for v in data)
+    n = len(data)
+    start, end = rank * n // size, (rank + 1) * n // size
+    return data.iloc[start:end] if hasattr(data, "iloc") else data[start:end]
+
+
 def xgboost_loop(config: Dict[str, Any]) -> None:
     import xgboost
 
@@ -28,7 +48,7 @@ def xgboost_loop(config: Dict[str, Any]) -> None:
     quantile = params.get("tree_method", "hist") in ("hist", "auto")
 
     def matrix(name: str, ref: Any = None) -> Any:
-        shard = sgd.get_dataset_shard(name)
+        shard = shard_of(name, config)
         kwargs = dict(dmatrix_params.get(name, {}))
         if quantile:
             if params.get("max_bin") is not None:
@@ -49,7 +69,8 @@ def xgboost_loop(config: Dict[str, Any]) -> None:
     kwargs.setdefault("verbose_eval", False)
     callbacks = list(kwargs.pop("callbacks", None) or [])
     callbacks.append(XGBoostReportCallback(frequency=config["checkpoint_frequency"],
-                                           checkpoint_at_end=config["checkpoint_at_end"]))
+                                           checkpoint_at_end=config["checkpoint_at_end"],
+                                           num_boost_round=config["num_boost_round"]))
     xgboost.train(params, dtrain, num_boost_round=remaining, evals=evals, xgb_model=booster, callbacks=callbacks,
                   **kwargs)
 
@@ -64,12 +85,12 @@ def lightgbm_loop(config: Dict[str, Any]) -> None:
     params = {**config["params"], **get_network_params()}
     names = config["dataset_names"]
     dataset_params = config.get("dmatrix_params") or {}
-    dtrain = to_lgb_dataset(sgd.get_dataset_shard("train"), label, params=params, where=_where("train"),
+    dtrain = to_lgb_dataset(shard_of("train", config), label, params=params, where=_where("train"),
                             **dataset_params.get("train", {}))
     valid_sets, valid_names = [dtrain], ["train"]
     for name in names:
         if name != "train":
-            valid_sets.append(to_lgb_dataset(sgd.get_dataset_shard(name), label, reference=dtrain,
+            valid_sets.append(to_lgb_dataset(shard_of(name, config), label, reference=dtrain,
                                              where=_where(name), **dataset_params.get(name, {})))
             valid_names.append(name)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional
 
-from sgd.air import CheckpointConfig, DataParallelTrainer, Result, RunConfig, ScalingConfig
+from sgd.air import CheckpointConfig, DataParallelTrainer, RunConfig, ScalingConfig
 from sgd.data import DatasetConfig
 from sgd_xgboost import _params
 from sgd_xgboost.checkpoints import load_lightgbm_model, load_xgboost_model
@@ -122,6 +122,9 @@ class _BoostingTrainer(DataParallelTrainer):
             "train_kwargs": train_kwargs,
             "checkpoint_frequency": cc.checkpoint_frequency,
             "checkpoint_at_end": at_end,
+            # In-memory data reaches every worker whole; each takes its share of the rows
+            # (sgd_xgboost._loops.shard_of). A split evaluation set stays whole, as configured.
+            "rank_rows": sorted(k for k, v in datasets.items() if _in_memory(v) and self._split(k, dataset_config)),
         }
         self.label_column = label_column
         self.params = checked
@@ -138,12 +141,16 @@ class _BoostingTrainer(DataParallelTrainer):
                                ) -> Optional[Dict[str, DatasetConfig]]:
         return given
 
-    def fit(self) -> Result:
-        """Train; an :class:`sgd.Result` (its ``error`` set if training failed)."""
-        if self._legacy and self.datasets:
-            # pandas / NumPy in the older shape: the workers each train on a part of the rows.
-            self.datasets = {k: _as_ray_dataset(v) for k, v in self.datasets.items()}
-        return super().fit()
+    def _split(self, name: str, given: Optional[Dict[str, DatasetConfig]]) -> bool:
+        """Whether dataset ``name`` is divided among the workers in the older shape."""
+        config = (self._legacy_dataset_config({name: None}, given) or {}).get(name)
+        return config is None or config.split is not False
+
+def _in_memory(data: Any) -> bool:
+    import numpy as np
+    import pandas as pd
+
+    return isinstance(data, (pd.DataFrame, np.ndarray, dict, tuple))
 
 
 def _cheap_columns(data: Any) -> Optional[List[Any]]:
@@ -152,19 +159,6 @@ def _cheap_columns(data: Any) -> Optional[List[Any]]:
         return columns_of(data)
     except Exception:
         return None
-
-
-def _as_ray_dataset(data: Any) -> Any:
-    import numpy as np
-    import pandas as pd
-
-    if isinstance(data, np.ndarray):
-        data = pd.DataFrame(data)
-    if isinstance(data, pd.DataFrame):
-        import ray.data
-
-        return ray.data.from_pandas(data)
-    return data
 
 
 class XGBoostTrainer(_BoostingTrainer):

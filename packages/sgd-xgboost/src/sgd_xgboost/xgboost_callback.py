@@ -30,14 +30,19 @@ class XGBoostReportCallback(TrainingCallback):
     :param checkpoint_at_end: checkpoint after the last round (with one more report, unless
         the last round was checkpointed already).
     :param results_postprocessing_fn: ``fn(metrics) -> metrics`` applied before each report.
+    :param num_boost_round: the model's number of rounds when training ends, if known (an sgd
+        addition): the end checkpoint then goes with that round's report instead of one more
+        report after it, so there is exactly one report per round.
     """
 
     CHECKPOINT_NAME = XGBOOST_MODEL
 
     def __init__(self, metrics: _metrics.Metrics = None, filename: str = XGBOOST_MODEL, frequency: int = 0,
                  checkpoint_at_end: bool = True,
-                 results_postprocessing_fn: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]] = None):
+                 results_postprocessing_fn: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]] = None,
+                 *, num_boost_round: Optional[int] = None):
         self._metrics = metrics
+        self._final = num_boost_round
         self._filename = filename
         self._frequency = _metrics.check_frequency(frequency)
         self._checkpoint_at_end = checkpoint_at_end
@@ -71,7 +76,8 @@ class XGBoostReportCallback(TrainingCallback):
     def after_iteration(self, model: Any, epoch: int, evals_log: Dict[str, Any]) -> bool:
         self._last = self._flatten(evals_log)
         rounds = model.num_boosted_rounds()
-        self._report(model, self._last, self._frequency > 0 and rounds % self._frequency == 0)
+        periodic = self._frequency > 0 and rounds % self._frequency == 0
+        self._report(model, self._last, periodic or (self._checkpoint_at_end and rounds == self._final))
         return False
 
     def after_training(self, model: Any) -> Any:
