@@ -95,13 +95,33 @@ def _split(batch: Any, label_column: Label, feature_columns: Optional[Sequence[A
     return x, y
 
 
+def numpy_dtypes(frame: Any) -> Any:
+    """``frame`` with its Arrow-backed numeric columns (what Ray Data's pandas batches hold)
+    as NumPy ones, which LightGBM requires; other columns unchanged."""
+    import pandas as pd
+
+    if not isinstance(frame, pd.DataFrame):
+        return frame
+    arrow = [c for c, t in frame.dtypes.items() if isinstance(t, pd.ArrowDtype)]
+    if not arrow:
+        return frame
+    converted = {}
+    for column in arrow:
+        kind = frame[column].dtype.numpy_dtype.kind
+        if kind in "fiub":
+            has_nulls = bool(frame[column].isna().any())
+            dtype = np.float64 if has_nulls and kind in "iub" else frame[column].dtype.numpy_dtype
+            converted[column] = frame[column].to_numpy(dtype=dtype, na_value=np.nan if has_nulls else None)
+    return frame.assign(**converted) if converted else frame
+
+
 def _concat(data: Any, label_column: Label, feature_columns: Optional[Sequence[Any]], batch_size: Optional[int],
             where: str) -> Tuple[Any, Any]:
     import pandas as pd
 
     xs, ys = [], []
     for batch in _frames(data, batch_size)():
-        x, y = _split(batch, label_column, feature_columns, where)
+        x, y = _split(numpy_dtypes(batch), label_column, feature_columns, where)
         xs.append(x)
         ys.append(y)
     if not xs:
