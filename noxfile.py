@@ -23,7 +23,8 @@ TEST_DEPS = ["pytest>=8", "pytest-timeout", "setuptools", "wheel", "numpy", "pya
              "torch-tb-profiler",  # TensorBoard's PyTorch Profiler plugin parses the traces sgd writes
              "import-linter",  # tests/test_layers.py runs the import contracts
              "hypothesis",  # property-based tests: failure positions and report/checkpoint orders
-             "nbclient", "ipykernel", "nbformat"]  # tests/test_notebook.py runs the quickstart notebook in a kernel
+             "nbclient", "ipykernel", "nbformat",  # tests/test_notebook.py runs the quickstart notebook in a kernel
+             "scikit-learn"]  # sgd-xgboost's tests train on scikit-learn's bundled datasets
 # The test session also installs the packages with heavy optional parts, with those parts.
 TEST_PACKAGES = [
     "packages/sgd-loggers[mlflow,wandb,tensorboard,plot]",
