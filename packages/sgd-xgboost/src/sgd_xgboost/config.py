@@ -28,7 +28,14 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional
 import ray
 
 import sgd
-from sgd.backend import Backend, BackendConfig, free_address, on_worker_run, on_worker_run_error
+from sgd.backend import (
+    Backend,
+    BackendConfig,
+    free_address,
+    on_worker_run,
+    on_worker_run_error,
+    remove_worker_run,
+)
 
 if TYPE_CHECKING:
     from sgd.backend import Workers
@@ -151,8 +158,6 @@ def _register_xgboost_worker() -> None:
 
 
 def _unregister_xgboost_worker() -> None:
-    from sgd.backend import remove_worker_run
-
     _set_comm_args(None)
     remove_worker_run(_xgboost_communicator)
 
