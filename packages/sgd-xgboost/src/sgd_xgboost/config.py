@@ -111,6 +111,29 @@ _lock = threading.Lock()
 _comm_args: Optional[Dict[str, Any]] = None
 
 
+class XGBoostPeerError(ConnectionError):
+    """A collective call of XGBoost failed on this worker because another worker stopped (its
+    error was signalled, or its process died). The message says "connection closed by peer",
+    which sgd reads as the echo of another worker's failure: the driver then reports that
+    worker's own error (or death) when it arrives within a few seconds, instead of this one."""
+
+
+#: what XGBoost's errors say when a collective call lost its peers
+_COLLECTIVE_FAILURE = ("allreduce", "allgather", "broadcast", "poll error", "failed to recv", "failed to send",
+                       "connection reset", "socket")
+
+
+def _peer_error(exc: BaseException) -> Optional[XGBoostPeerError]:
+    if type(exc).__name__ != "XGBoostError":
+        return None
+    text = str(exc)
+    if not any(marker in text.lower() for marker in _COLLECTIVE_FAILURE):
+        return None
+    detail = next((line.strip("- ").strip() for line in text.splitlines() if line.strip().startswith("- [")), "")
+    return XGBoostPeerError(f"worker rank {sgd.world_rank()}: XGBoost's collective call failed, connection closed by "
+                            f"peer (another worker stopped; its own error is the cause): {detail}")
+
+
 def _set_comm_args(args: Optional[Dict[str, Any]]) -> None:
     global _comm_args
     with _lock:
@@ -138,13 +161,16 @@ def _xgboost_communicator() -> Iterator[None]:
         ) from exc
     try:
         yield
-    except BaseException:
+    except BaseException as exc:
         # The peers are (or will be) waiting for this worker in a collective call: tell the
         # tracker, which makes their calls fail now rather than at a timeout.
         try:
             collective.signal_error()
         except Exception:
             logger.debug("signalling XGBoost's tracker failed", exc_info=True)
+        echo = _peer_error(exc)
+        if echo is not None:
+            raise echo from exc
         raise
     finally:
         try:
