@@ -23,7 +23,8 @@ TEST_DEPS = ["pytest>=8", "pytest-timeout", "setuptools", "wheel", "numpy", "pya
              "torch-tb-profiler",  # TensorBoard's PyTorch Profiler plugin parses the traces sgd writes
              "import-linter",  # tests/test_layers.py runs the import contracts
              "hypothesis",  # property-based tests: failure positions and report/checkpoint orders
-             "nbclient", "ipykernel", "nbformat"]  # tests/test_notebook.py runs the quickstart notebook in a kernel
+             "nbclient", "ipykernel", "nbformat",  # tests/test_notebook.py runs the quickstart notebook in a kernel
+             "scikit-learn"]  # sgd-xgboost's tests train on scikit-learn's bundled datasets
 # The test session also installs the packages with heavy optional parts, with those parts.
 TEST_PACKAGES = [
     "packages/sgd-loggers[mlflow,wandb,tensorboard,plot]",
@@ -31,6 +32,7 @@ TEST_PACKAGES = [
     "packages/sgd-tensorflow[legacy-keras]",
     "packages/sgd-horovod",
     "packages/sgd-torch[huggingface,lightning]",
+    "packages/sgd-xgboost",  # xgboost and lightgbm (neither pulls torch; xgboost pulls NVIDIA's NCCL library)
 ]
 
 # mypy checks each package's import package, so a user's mypy (which reads the py.typed
@@ -43,6 +45,7 @@ MYPY_TARGETS = [
     "packages/sgd-loggers/src/sgd_loggers",
     "packages/sgd-tune/src/sgd_tune",
     "packages/sgd-testing/src/sgd_testing",
+    "packages/sgd-xgboost/src/sgd_xgboost",
 ]
 # mkdocs-material prints a banner about MkDocs 2 on every build; the build log stays readable without it.
 DOCS_ENV = {"NO_MKDOCS_2_WARNING": "1"}
@@ -122,7 +125,7 @@ def lint(session: nox.Session) -> None:
     and a check that a user's mypy sees the installed packages as typed."""
     _install(session, "ruff", "mypy", "typing_extensions", "import-linter")
     # The packages with heavy frameworks, without them: mypy needs only their own sources.
-    no_deps = ["packages/sgd-tune", "packages/sgd-tensorflow", "packages/sgd-horovod"]
+    no_deps = ["packages/sgd-tune", "packages/sgd-tensorflow", "packages/sgd-horovod", "packages/sgd-xgboost"]
     session.install("--no-deps", *[arg for p in no_deps for arg in ("-e", p)])
     session.run("ruff", "check", ".")
     session.run("lint-imports", "--no-cache")

@@ -73,11 +73,19 @@ class CheckpointConfig:
     :param checkpoint_score_attribute: a metric reported with the checkpoint
         (``sgd.report(metrics, checkpoint=...)``); ``None`` ranks by recency.
     :param checkpoint_score_order: ``"max"`` or ``"min"``.
+    :param checkpoint_frequency: for trainers that run a training loop of their own and
+        checkpoint it themselves (sgd-xgboost's ``XGBoostTrainer(params=...)``): a checkpoint
+        every this many iterations; ``0`` (the default): none along the way. A trainer running
+        your ``train_loop_per_worker`` ignores it (your loop decides), as in Ray Train.
+    :param checkpoint_at_end: for the same trainers: a checkpoint after the last iteration
+        (``None``: the trainer's default, which is yes).
     """
 
     num_to_keep: Optional[int] = None
     checkpoint_score_attribute: Optional[str] = None
     checkpoint_score_order: str = "max"
+    checkpoint_frequency: int = 0
+    checkpoint_at_end: Optional[bool] = None
 
     def __post_init__(self) -> None:
         if self.num_to_keep is not None and (not isinstance(self.num_to_keep, int) or self.num_to_keep < 1):
@@ -85,6 +93,11 @@ class CheckpointConfig:
             raise ValueError(f"num_to_keep must be None or an int >= 1, got {self.num_to_keep!r}")
         if self.checkpoint_score_order not in ("max", "min"):
             raise ValueError(f"checkpoint_score_order must be 'max' or 'min', got {self.checkpoint_score_order!r}")
+        f = self.checkpoint_frequency
+        if isinstance(f, bool) or not isinstance(f, int) or f < 0:
+            raise ValueError(f"checkpoint_frequency must be an int >= 0 (0: no periodic checkpoints), got {f!r}")
+        if self.checkpoint_at_end not in (None, True, False):
+            raise ValueError(f"checkpoint_at_end must be None, True or False, got {self.checkpoint_at_end!r}")
         self.to_strategy()
 
     def to_strategy(self) -> CheckpointStrategy:

@@ -9,9 +9,9 @@ configures) whose :attr:`~BackendConfig.backend_cls` names a :class:`Backend`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple, Type
+from typing import Any, Callable, ContextManager, Dict, List, Optional, Protocol, Sequence, Tuple, Type
 
-from sgd._common.run_hooks import RUN_ERROR_HOOKS
+from sgd._common.run_hooks import RUN_CONTEXTS, RUN_ERROR_HOOKS
 
 
 class Workers(Protocol):
@@ -138,6 +138,31 @@ def on_worker_run_error(hook: Callable[[], None]) -> None:
 
     if hook not in RUN_ERROR_HOOKS:
         RUN_ERROR_HOOKS.append(hook)
+
+
+def on_worker_run(context: Callable[[], ContextManager[Any]]) -> None:
+    """On a worker (call it from code the backend runs there, e.g. in :meth:`Backend.on_start`
+    through ``worker_group.execute``): run every training function started on this worker from
+    now on inside ``with context():``, in the training thread (Ray Train's
+    ``BackendConfig.train_func_context``).
+
+    For a framework whose communicator belongs to the thread that set it up: sgd-xgboost enters
+    XGBoost's ``CommunicatorContext`` this way, so that ``xgboost.train`` in a training function
+    is one distributed job. ``context`` is called once per run; an exception of the training
+    function passes through its ``__exit__`` (which may act on it, e.g. tell the peers) before
+    the run-error hooks run. Contexts registered earlier are entered first; one registered twice
+    is entered once. :func:`remove_worker_run` takes it away again.
+    """
+
+    if context not in RUN_CONTEXTS:
+        RUN_CONTEXTS.append(context)
+
+
+def remove_worker_run(context: Callable[[], ContextManager[Any]]) -> None:
+    """On a worker: undo :func:`on_worker_run` (nothing happens if ``context`` is not registered)."""
+
+    if context in RUN_CONTEXTS:
+        RUN_CONTEXTS.remove(context)
 
 
 def _set_env(env: Dict[str, str]) -> None:

@@ -45,7 +45,8 @@ logger = logging.getLogger("sgd")
 ENTRY_POINT_GROUP = "sgd"
 
 # Packages that provide the backends users most often ask for by name.
-KNOWN_PROVIDERS = {"torch": "sgd-torch", "tensorflow": "sgd-tensorflow", "horovod": "sgd-horovod"}
+KNOWN_PROVIDERS = {"torch": "sgd-torch", "tensorflow": "sgd-tensorflow", "horovod": "sgd-horovod",
+                   "xgboost": "sgd-xgboost", "lightgbm": "sgd-xgboost"}
 
 
 @dataclass

@@ -1,12 +1,15 @@
-"""What a worker runs when a training function on it raised (a leaf module: imports nothing
-of sgd). Backends register through :func:`sgd.backend.on_worker_run_error`; the session runs
-them (:mod:`sgd._worker.session`)."""
+"""What a worker runs around its training functions, and when one of them raised (a leaf
+module: imports nothing of sgd). Backends register through :func:`sgd.backend.on_worker_run`
+and :func:`sgd.backend.on_worker_run_error`; the session runs them (:mod:`sgd._worker.session`)."""
 
 from __future__ import annotations
 
 import logging
-from typing import Callable, List
+from contextlib import ExitStack
+from typing import Any, Callable, ContextManager, List
 
+#: entered in the training thread, in order, around every training function
+RUN_CONTEXTS: List[Callable[[], ContextManager[Any]]] = []
 #: run in the training thread, in order, when a training function raised
 RUN_ERROR_HOOKS: List[Callable[[], None]] = []
 
@@ -17,3 +20,13 @@ def run_error_hooks() -> None:
             hook()
         except Exception:  # the run's own error is what the driver reports
             logging.getLogger("sgd").exception("a run-error hook (%r) raised", hook)
+
+
+def run_in_contexts(fn: Callable[[], Any]) -> Any:
+    """``fn()`` inside every registered run context (the first registered is the outermost)."""
+    if not RUN_CONTEXTS:
+        return fn()
+    with ExitStack() as stack:
+        for context in list(RUN_CONTEXTS):
+            stack.enter_context(context())
+        return fn()

@@ -37,7 +37,7 @@ from sgd._common.protocol import (
     RemoteError,
     encode_line,
 )
-from sgd._common.run_hooks import run_error_hooks
+from sgd._common.run_hooks import run_error_hooks, run_in_contexts
 from sgd._worker.driver_files import DriverFiles
 from sgd.checkpoint import METADATA_FILE, Checkpoint, write_dict_dir, write_directory_metadata, write_files
 from sgd.errors import PicklableError
@@ -179,7 +179,7 @@ class Session:
     def _run(self) -> None:
         result, error = None, None
         try:
-            result = self._train_func()
+            result = run_in_contexts(self._train_func)
             for finalizer in self._finalizers:
                 finalizer()
             result = self._encode(result)

@@ -1,0 +1,43 @@
+"""sgd-xgboost: distributed XGBoost and LightGBM on sgd, written against sgd's public API only.
+
+The backends (``"xgboost"``, ``"lightgbm"``), their configs and the trainers import neither
+framework; the report callbacks (which subclass XGBoost's) and the data helpers import theirs
+on first use.
+"""
+
+from typing import Any
+
+from sgd_xgboost.checkpoints import load_lightgbm_model, load_xgboost_model
+from sgd_xgboost.config import LightGBMConfig, XGBoostConfig, get_network_params
+from sgd_xgboost.data import to_dmatrix, to_lgb_dataset, to_quantile_dmatrix
+from sgd_xgboost.trainer import LightGBMTrainer, XGBoostTrainer
+
+_LAZY = {"XGBoostReportCallback": "xgboost_callback", "LightGBMReportCallback": "lightgbm_callback"}
+
+__version__ = "0.1.0"
+__all__ = [
+    "LightGBMConfig",
+    "LightGBMTrainer",
+    "XGBoostConfig",
+    "XGBoostTrainer",
+    "get_network_params",
+    "load_lightgbm_model",
+    "load_xgboost_model",
+    "to_dmatrix",
+    "to_lgb_dataset",
+    "to_quantile_dmatrix",
+    *sorted(_LAZY),
+]
+
+
+def __getattr__(name: str) -> Any:
+    # Plugin discovery imports this package in every sgd process: XGBoost only when used.
+    if name in _LAZY:
+        import importlib
+
+        try:
+            module = importlib.import_module(f"sgd_xgboost.{_LAZY[name]}")
+        except ImportError as exc:  # pragma: no cover - depends on the environment
+            raise ImportError(f"sgd_xgboost.{name} needs its framework: pip install 'sgd-xgboost' ({exc})") from exc
+        return getattr(module, name)
+    raise AttributeError(f"module 'sgd_xgboost' has no attribute {name!r}")
