@@ -279,7 +279,7 @@ def _cut_slices(bundle: Any) -> Any:
     slices = getattr(bundle, "slices", None)
     if not slices or all(s is None for s in slices):
         return bundle
-    entries = []
+    entries: List[Any] = []
     for entry, cut in zip(bundle.blocks, slices):
         ref, meta = (entry.ref, entry.metadata) if hasattr(entry, "ref") else entry
         if cut is not None and (cut.start_offset, cut.end_offset) != (0, meta.num_rows):
