@@ -53,3 +53,20 @@ def test_a_tensorflow_trainers_result_is_a_tensorflow_checkpoint(ray_cluster, tm
     assert result.error is None, result.error
     assert isinstance(result.checkpoint, TensorflowCheckpoint)
     assert result.checkpoint.get_model(build_model).count_params() == 3
+
+
+def test_tensorflow_predictor_from_a_checkpoint_and_its_errors():
+    import pandas as pd
+
+    from sgd import CheckpointError
+    from sgd_tensorflow import TensorflowPredictor
+
+    model = build_model()
+    predictor = TensorflowPredictor.from_checkpoint(TensorflowCheckpoint.from_model(model), build_model)
+    frame = pd.DataFrame({"a": [1.0, 2.0], "b": [0.5, 0.0]})
+    expected = model(frame.to_numpy().astype("float32")).numpy()[:, 0]
+    assert np.allclose(predictor.predict(frame, dtype="float32")["predictions"].to_numpy(dtype=float), expected)
+    # A PyTorch state dict (a dict of arrays) is not Keras weights: a clear error naming the other framework.
+    torch_like = sgd.Checkpoint.from_dict({"model": {"weight": np.zeros((1, 2)), "bias": np.zeros(1)}})
+    with pytest.raises(CheckpointError, match="TorchCheckpoint"):
+        TensorflowPredictor.from_checkpoint(torch_like, build_model)

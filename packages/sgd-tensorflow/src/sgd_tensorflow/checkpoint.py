@@ -107,6 +107,11 @@ class TensorflowCheckpoint(Checkpoint):
                 weights = state[MODEL_KEY]
                 if hasattr(weights, "get_weights"):  # a whole Keras model (trusted load, or in memory)
                     weights = weights.get_weights()
+                if not isinstance(weights, (list, tuple)):
+                    raise CheckpointError(
+                        f"checkpoint {where}: its {MODEL_KEY!r} is a {type(weights).__name__}, not a list of Keras "
+                        "weights. A PyTorch model or state dict (TorchCheckpoint) loads with sgd_torch's "
+                        "TorchCheckpoint / TorchPredictor.")
                 if target is None:
                     target = self._from_architecture(state, trust, where)
                 target.set_weights(weights)

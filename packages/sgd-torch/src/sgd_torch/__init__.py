@@ -7,6 +7,7 @@ from typing import Any
 
 from sgd_torch.checkpoint import TorchCheckpoint
 from sgd_torch.config import TorchBackend, TorchConfig
+from sgd_torch.predictor import TorchPredictor
 from sgd_torch.profiler import TorchWorkerProfiler
 from sgd_torch.trainer import TorchTrainer
 
@@ -25,7 +26,7 @@ _LAZY = {
 _LAZY_SHARDED = {"load_sharded_checkpoint", "save_sharded_checkpoint"}
 
 __version__ = "0.1.0"
-__all__ = ["TorchBackend", "TorchCheckpoint", "TorchConfig", "TorchTrainer", "TorchWorkerProfiler",
+__all__ = ["TorchPredictor", "TorchBackend", "TorchCheckpoint", "TorchConfig", "TorchTrainer", "TorchWorkerProfiler",
            *sorted(_LAZY | _LAZY_SHARDED)]
 
 

@@ -170,8 +170,10 @@ class TorchCheckpoint(Checkpoint):
         if isinstance(saved, torch.nn.Module):
             return saved
         if not isinstance(saved, dict):
+            other = (" It looks like a TensorflowCheckpoint (a list of Keras weights): use sgd_tensorflow's "
+                     "TensorflowCheckpoint / TensorflowPredictor") if isinstance(saved, list) else ""
             raise CheckpointError(f"checkpoint {where}: its {MODEL_KEY!r} is a {type(saved).__name__}, "
-                                  "neither a model nor a state dict")
+                                  f"neither a PyTorch model nor a state dict.{other}")
         if model is None:
             raise ValueError(f"checkpoint {where} holds a state dict, not a model: pass the model to load it into, "
                              "get_model(model=YourModel())")
