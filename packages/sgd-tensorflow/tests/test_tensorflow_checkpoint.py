@@ -63,8 +63,8 @@ def test_tensorflow_predictor_from_a_checkpoint_and_its_errors():
 
     model = build_model()
     predictor = TensorflowPredictor.from_checkpoint(TensorflowCheckpoint.from_model(model), build_model)
-    frame = pd.DataFrame({"a": [1.0, 2.0], "b": [0.5, 0.0]})
-    expected = model(frame.to_numpy().astype("float32")).numpy()[:, 0]
+    frame = pd.DataFrame({"x": [np.array([1.0, 0.5]), np.array([2.0, 0.0])]})  # one tensor column
+    expected = model(np.array([[1.0, 0.5], [2.0, 0.0]], dtype="float32")).numpy()[:, 0]
     assert np.allclose(predictor.predict(frame, dtype="float32")["predictions"].to_numpy(dtype=float), expected)
     # A PyTorch state dict (a dict of arrays) is not Keras weights: a clear error naming the other framework.
     torch_like = sgd.Checkpoint.from_dict({"model": {"weight": np.zeros((1, 2)), "bias": np.zeros(1)}})

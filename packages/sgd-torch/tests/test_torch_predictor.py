@@ -22,30 +22,40 @@ def _linear():
     return model
 
 
+class ByName(torch.nn.Module):
+    """A model that takes a dict of columns, as Ray AIR's TorchPredictor passed several columns."""
+
+    def forward(self, columns):
+        return columns["a"] + 2 * columns["b"]
+
+
 def test_torch_predictor_on_frames_arrays_and_dicts():
     predictor = TorchPredictor(_linear())
-    frame = pd.DataFrame({"a": [1.0, 0.0], "b": [1.0, 2.0]})
-    assert predictor.predict(frame, dtype=torch.float)["predictions"].tolist() == [3.5, 4.5]
+    tensors = pd.DataFrame({"x": [np.array([1.0, 1.0]), np.array([0.0, 2.0])]})  # one tensor column: stacked
+    assert predictor.predict(tensors, dtype=torch.float)["predictions"].tolist() == [3.5, 4.5]
     assert predictor.predict(np.array([[1.0, 1.0]], dtype="float32")).tolist() == [[3.5]]
     assert predictor.predict({"x": np.array([[0.0, 1.0]], dtype="float32")})["predictions"].tolist() == [[2.5]]
+    columns = pd.DataFrame({"a": [1.0, 0.0], "b": [1.0, 2.0]})  # several columns: a dict by name
+    assert TorchPredictor(ByName()).predict(columns, dtype=torch.float)["predictions"].tolist() == [3.0, 4.0]
     with pytest.raises(TypeError, match="DataFrame, a numpy array or a dict"):
         predictor.predict([1, 2])
 
 
 def test_train_then_predict_from_the_checkpoint(ray_cluster, tmp_path):
-    from ray.data.preprocessors import StandardScaler
+    from ray.data.preprocessors import Chain, Concatenator, StandardScaler
 
     def loop():
         sgd.report({"done": 1}, checkpoint=TorchCheckpoint.from_state_dict(_linear().state_dict()))
 
     train = ray.data.from_items([{"a": 0.0, "b": 1.0}, {"a": 2.0, "b": 1.0}])  # a: mean 1, std 1
     result = TorchTrainer(loop, scaling_config=ScalingConfig(num_workers=1), datasets={"train": train},
-                          preprocessor=StandardScaler(columns=["a"]),
+                          preprocessor=Chain(StandardScaler(columns=["a"]),
+                                             Concatenator(columns=["a", "b"], output_column_name="x")),
                           run_config=RunConfig(storage_path=str(tmp_path))).fit()
     assert result.error is None, result.error
 
     predictor = TorchPredictor.from_checkpoint(result.checkpoint, model=torch.nn.Linear(2, 1))
-    frame = pd.DataFrame({"a": [3.0], "b": [1.0]})  # a scaled to 2: 1*2 + 2*1 + 0.5
+    frame = pd.DataFrame({"a": [3.0], "b": [1.0]})  # a scaled to 2, then [a, b] in one column: 1*2 + 2*1 + 0.5
     assert predictor.predict(frame, dtype=torch.float)["predictions"].tolist() == [4.5]
 
     data = ray.data.from_items([{"a": 3.0, "b": 1.0, "id": i} for i in range(5)])

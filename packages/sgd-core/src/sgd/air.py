@@ -17,7 +17,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type, Union
 
 from sgd._common.protocol import detailed_metrics_enabled, strip_detailed
 from sgd._internal import saved_trainer
@@ -216,7 +216,7 @@ class Result:
 
     @classmethod
     def from_path(cls, path: Union[str, os.PathLike], error: Optional[BaseException] = None,
-                  checkpoint_cls: type = Checkpoint) -> Result:
+                  checkpoint_cls: Type[Checkpoint] = Checkpoint) -> Result:
         """The result of the run in ``path`` (a run directory), read from disk.
 
         :param checkpoint_cls: the class of ``checkpoint`` and ``best_checkpoints``
@@ -316,7 +316,7 @@ class DataParallelTrainer:
 
     _default_backend_config: Callable[[], BackendConfig] = BackendConfig
     #: The class of ``Result.checkpoint`` (framework trainers set their own: ``TorchCheckpoint``).
-    _checkpoint_cls: type = Checkpoint
+    _checkpoint_cls: Type[Checkpoint] = Checkpoint
     #: The trainer's dataset rules (Ray AIR's ``_dataset_config``): by name, ``"*"`` for the others.
     _dataset_config: Dict[str, DatasetConfig] = {
         "train": DatasetConfig(split=True, fit=True, transform=True),

@@ -21,16 +21,20 @@ class Predictor:
     """Base of the framework predictors: the model and the checkpoint's preprocessor.
 
     ``predict(data)`` takes a pandas ``DataFrame`` (the result: a ``DataFrame`` with a
-    ``"predictions"`` column), a numpy array (a numpy array) or a dict of numpy arrays (a
-    dict ``{"predictions": array}``); the preprocessor, if any, transforms a ``DataFrame``
-    first (``transform_batch``).
+    ``"predictions"`` column, one row per output row), a numpy array (a numpy array) or a dict
+    of numpy arrays (a dict ``{"predictions": array}``); the preprocessor, if any, transforms
+    the batch first (``transform_batch``). As in Ray AIR, the model gets a ``DataFrame`` of one
+    column as that column's array (a column of scalars: shape ``(rows,)``; a tensor column: the
+    tensors stacked) and a ``DataFrame`` of several columns as a dict of arrays by column name
+    (combine columns into one with ``ray.data.preprocessors.Concatenator``).
     """
 
     def __init__(self, preprocessor: Any = None):
         self._preprocessor = preprocessor
 
     @classmethod
-    def from_checkpoint(cls, checkpoint: Checkpoint, **kwargs: Any) -> Predictor:
+    def from_checkpoint(cls, checkpoint: Checkpoint, *args: Any, **kwargs: Any) -> Predictor:
+        """A predictor of the model in ``checkpoint`` (each framework's own arguments)."""
         raise NotImplementedError
 
     def get_preprocessor(self) -> Any:
@@ -50,9 +54,8 @@ class Predictor:
         if pd is not None and isinstance(data, pd.DataFrame):
             if self._preprocessor is not None:
                 data = self._preprocessor.transform_batch(data)
-            array = _frame_to_array(data)
-            out = np.asarray(self._predict_numpy(array, **kwargs))
-            return pd.DataFrame({"predictions": _rows(out)}, index=data.index)
+            out = np.asarray(self._predict_numpy(_frame_to_arrays(data), **kwargs))
+            return pd.DataFrame({"predictions": _rows(out)})
         if isinstance(data, dict):
             arrays = {k: np.asarray(v) for k, v in data.items()}
             if self._preprocessor is not None:
@@ -64,22 +67,25 @@ class Predictor:
         raise TypeError(f"{type(self).__name__}.predict takes a pandas DataFrame, a numpy array or a dict of arrays, "
                         f"got {type(data).__name__}")
 
-    def _predict_numpy(self, data: Any, **kwargs: Any) -> Any:
+    def _predict_numpy(self, data: Any, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError
 
 
-def _frame_to_array(frame: Any) -> Any:
-    """A DataFrame as the model's input: its columns side by side; one column holding arrays
-    (a tensor column) as those arrays stacked."""
+def _frame_to_arrays(frame: Any) -> Any:
+    """A DataFrame as the model's input, Ray AIR's way: one column as its array (tensors
+    stacked), several as a dict of arrays by column name."""
     import numpy as np
 
-    # Column by column: a frame of pyarrow-backed columns (Ray Data's batches) gives an object
-    # array as a whole, but each column converts to its own numpy dtype.
-    columns = [frame[c].to_numpy() for c in frame.columns]
-    if len(columns) == 1 and columns[0].dtype == object and len(columns[0]) \
-            and isinstance(columns[0][0], (np.ndarray, list)):
-        return np.stack([np.asarray(v) for v in columns[0]])
-    return np.column_stack(columns) if columns else frame.to_numpy()
+    arrays = {}
+    for name in frame.columns:
+        # Column by column: Ray Data's pyarrow-backed columns each convert to their own dtype.
+        column = frame[name].to_numpy()
+        if column.dtype == object and len(column) and isinstance(column[0], (np.ndarray, list)):
+            column = np.stack([np.asarray(v) for v in column])
+        arrays[str(name)] = column
+    if len(arrays) == 1:
+        return next(iter(arrays.values()))
+    return arrays
 
 
 def _rows(out: Any) -> List[Any]:

@@ -37,9 +37,10 @@ class TensorflowPredictor(Predictor):
         model = tf_checkpoint.get_model(model_definition, trusted=trusted)
         return cls(model, preprocessor=tf_checkpoint.get_preprocessor(trusted=trusted), use_gpu=use_gpu)
 
-    def _predict_numpy(self, data: Any, dtype: Any = None) -> Any:
+    def _predict_numpy(self, data: Any, dtype: Any = None) -> Any:  # type: ignore[override]
         import numpy as np
 
+        inputs: Any
         if isinstance(data, dict):
             inputs = {k: np.asarray(v, dtype=dtype) for k, v in data.items()}
         else:

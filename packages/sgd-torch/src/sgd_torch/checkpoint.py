@@ -123,7 +123,8 @@ class TorchCheckpoint(Checkpoint):
                 if name in files:
                     from sgd_torch.codec import load
 
-                    return load(_Bytes(files[name], os.path.join(where, name)), trusted, os.path.join(where, name))
+                    return load(_Bytes(files[name], os.path.join(where, name)),  # type: ignore[arg-type]
+                                trusted, os.path.join(where, name))
             raise CheckpointError(f"checkpoint {where} has no {' or '.join(MODEL_FILES)} file (files: "
                                   f"{', '.join(sorted(files))}); save the model there with torch.save")
 

@@ -39,15 +39,15 @@ class TorchPredictor(Predictor):
         loaded = torch_checkpoint.get_model(model, trusted=trusted)
         return cls(loaded, preprocessor=torch_checkpoint.get_preprocessor(trusted=trusted), use_gpu=use_gpu)
 
-    def _predict_numpy(self, data: Any, dtype: Any = None) -> Any:
+    def _predict_numpy(self, data: Any, dtype: Any = None) -> Any:  # type: ignore[override]
         import torch
 
         with torch.no_grad():
-            if isinstance(data, dict):
-                inputs = {k: torch.as_tensor(v, dtype=dtype, device=self.device) for k, v in data.items()}
-                out = self.model(**inputs)
+            if isinstance(data, dict):  # several columns: the model takes the dict (as in Ray AIR)
+                inputs: Any = {k: torch.as_tensor(v, dtype=dtype, device=self.device) for k, v in data.items()}
             else:
-                out = self.model(torch.as_tensor(data, dtype=dtype, device=self.device))
+                inputs = torch.as_tensor(data, dtype=dtype, device=self.device)
+            out = self.model(inputs)
         return out.detach().cpu().numpy()
 
     def __repr__(self) -> str:

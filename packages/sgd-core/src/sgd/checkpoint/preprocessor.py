@@ -15,7 +15,7 @@ checkpoint content.
 from __future__ import annotations
 
 import io
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Union
 
 from sgd.checkpoint.codecs import find_unsafe, load_safe, resolve_trusted, save_safe
 from sgd.errors import CheckpointError, UntrustedCheckpointError
@@ -31,7 +31,7 @@ _CLASS = "$preprocessor"
 _FORMAT = "sgd-preprocessor/1"
 
 
-def _ray_class(name: Any) -> Optional[type]:
+def _ray_class(name: Any) -> Optional[Any]:
     """The class of ``ray.data.preprocessors`` called ``name``, else ``None`` (never an import by name)."""
     try:
         import ray.data.preprocessors as builtin
@@ -62,7 +62,7 @@ def _build(value: Any) -> Any:
         if cls is None:
             raise CheckpointError(f"the checkpoint's preprocessor names {value[_CLASS]!r}, which is not a class of "
                                   "ray.data.preprocessors in this Ray version")
-        obj = cls.__new__(cls)
+        obj = cls.__new__(cls)  # no __init__: the state below is the whole object
         obj.__setstate__(_build(value.get("state") or {}))
         return obj
     if type(value) is dict:
@@ -88,7 +88,7 @@ def encode_preprocessor(preprocessor: Any) -> bytes:
     return f.getvalue()
 
 
-def decode_preprocessor(data: bytes, trusted: Optional[bool] = None, where: str = "") -> Any:
+def decode_preprocessor(data: Union[bytes, bytearray], trusted: Optional[bool] = None, where: str = "") -> Any:
     """The preprocessor :func:`encode_preprocessor` kept.
 
     :raises UntrustedCheckpointError: it was pickled (not one of Ray Data's own) and the
