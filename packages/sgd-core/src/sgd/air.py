@@ -438,9 +438,12 @@ class DataParallelTrainer:
             os.environ["SGD_PROGRESS"] = "0"
         tune_callbacks = TuneCallbacks(self.run_config.callbacks, self.train_loop_config)
         try:
+            # Before the workers start: fitting the preprocessor runs Ray Data tasks, which need
+            # CPUs the workers may take all of.
+            prepared = self.preprocess_datasets()
             trainer.start()
             try:
-                iterator = self.run_on(trainer, callbacks=[tune_callbacks])
+                iterator = self.run_on(trainer, callbacks=[tune_callbacks], prepared=prepared)
                 self._save_for_restore(trainer.latest_run_dir)
                 for _ in iterator:
                     pass
@@ -508,12 +511,13 @@ class DataParallelTrainer:
                 datasets[name] = p.transform(ds)
         return datasets, configs
 
-    def run_on(self, trainer: Trainer, callbacks: Optional[Sequence[Any]] = None) -> Any:
+    def run_on(self, trainer: Trainer, callbacks: Optional[Sequence[Any]] = None,
+               prepared: Optional[Tuple[Optional[Dict[str, Any]], Dict[str, DatasetConfig]]] = None) -> Any:
         """Start this trainer's loop on ``trainer`` (an :class:`sgd.Trainer` made by
         :meth:`make_trainer`, started); the :class:`sgd.TrainingIterator`. ``fit()`` and
-        sgd-tune's trials run it. The datasets are preprocessed first; the loop's return
-        value is discarded."""
-        datasets, configs = self.preprocess_datasets()
+        sgd-tune's trials run it. The datasets are preprocessed first (unless ``prepared``, what
+        :meth:`preprocess_datasets` returned, is given); the loop's return value is discarded."""
+        datasets, configs = prepared if prepared is not None else self.preprocess_datasets()
         checkpoint_config = self.run_config.checkpoint_config or CheckpointConfig()
         own = [c for c in (self.run_config.callbacks or []) if isinstance(c, TrainingCallback)]
         return trainer.run_iterator(
