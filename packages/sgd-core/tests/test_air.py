@@ -53,9 +53,10 @@ def test_fit_returns_result_with_directory_checkpoints(ray_cluster, tmp_path):
     assert result.metrics["epoch"] == 3 and result.metrics["_training_iteration"] == 4
     df = result.metrics_dataframe
     assert list(df["epoch"]) == [0, 1, 2, 3]
-    # Kept: the two lowest losses (epochs 1 and 2) and the latest (epoch 3).
+    # Kept: the two lowest losses (epochs 1 and 2) and the latest (epoch 3), in Ray's order:
+    # by score, the worst first (losses 5, 2, 1).
     kept = [m["epoch"] for _, m in result.best_checkpoints]
-    assert kept == [1, 2, 3]
+    assert kept == [3, 2, 1]
     with result.checkpoint.as_directory() as d:
         assert json.loads(Path(d, "state.json").read_text()) == {"epoch": 3}
         assert Path(d, "sub", "weights.bin").read_bytes() == bytes([3]) * 1000

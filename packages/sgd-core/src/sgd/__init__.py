@@ -18,6 +18,7 @@ from sgd.errors import (
     WorkerError,
 )
 from sgd.hookspecs import hookimpl
+from sgd.predictor import BatchPredictor, Predictor
 from sgd.session import (
     PreemptionInfo,
     get_checkpoint,
@@ -42,6 +43,7 @@ __all__ = [
     "Backend",
     "BackendConfig",
     "BackendSpec",
+    "BatchPredictor",
     "Checkpoint",
     "CheckpointConfig",
     "CheckpointError",
@@ -55,6 +57,7 @@ __all__ = [
     "DatasetConfig",
     "DatasetShard",
     "PreemptionInfo",
+    "Predictor",
     "ResourcesUnavailableError",
     "Trainer",
     "TrainingCallback",

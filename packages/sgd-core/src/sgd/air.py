@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import datetime
 import logging
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type, Union
 
 from sgd._common.protocol import detailed_metrics_enabled, strip_detailed
 from sgd._internal import saved_trainer
@@ -73,12 +74,14 @@ class CheckpointConfig:
     :param checkpoint_score_attribute: a metric reported with the checkpoint
         (``sgd.report(metrics, checkpoint=...)``); ``None`` ranks by recency.
     :param checkpoint_score_order: ``"max"`` or ``"min"``.
-    :param checkpoint_frequency: for trainers that run a training loop of their own and
-        checkpoint it themselves (sgd-xgboost's ``XGBoostTrainer(params=...)``): a checkpoint
-        every this many iterations; ``0`` (the default): none along the way. A trainer running
-        your ``train_loop_per_worker`` ignores it (your loop decides), as in Ray Train.
+    :param checkpoint_frequency: Ray AIR's field for trainers that run a training loop of their
+        own and checkpoint it themselves (sgd-xgboost's ``XGBoostTrainer(params=...)``): a
+        checkpoint every this many iterations; ``0`` (the default): none along the way. A
+        :class:`DataParallelTrainer` (whose loop reports its own checkpoints) refuses a value other
+        than ``0`` at ``fit()`` with ``ValueError``, as Ray's did.
     :param checkpoint_at_end: for the same trainers: a checkpoint after the last iteration
-        (``None``: the trainer's default, which is yes).
+        (``None``: the trainer's default, which is yes); ``True`` is refused at ``fit()`` by a
+        trainer whose loop reports its own checkpoints.
     """
 
     num_to_keep: Optional[int] = None
@@ -99,6 +102,15 @@ class CheckpointConfig:
         if self.checkpoint_at_end not in (None, True, False):
             raise ValueError(f"checkpoint_at_end must be None, True or False, got {self.checkpoint_at_end!r}")
         self.to_strategy()
+
+    def check_for_loop_trainer(self, trainer_name: str) -> None:
+        """Raise ``ValueError`` for the fields a trainer whose loop reports its own checkpoints cannot honour."""
+        for name, value in (("checkpoint_frequency", self.checkpoint_frequency),
+                            ("checkpoint_at_end", self.checkpoint_at_end)):
+            if value:
+                raise ValueError(
+                    f"{trainer_name} does not support CheckpointConfig({name}={value!r}): its training loop "
+                    "saves checkpoints itself, with sgd.report(metrics, checkpoint=...). Drop the argument.")
 
     def to_strategy(self) -> CheckpointStrategy:
         if self.checkpoint_score_attribute is None:
@@ -141,7 +153,12 @@ class RunConfig:
         ``SGD_RESULTS_DIR``) or a storage URI (``s3://…``, any ``pyarrow.fs``/fsspec URI);
         with a URI, the run is written locally under the results root and every kept
         checkpoint is copied to ``<storage_path>/<name>/run_NNN/checkpoints/``.
-    :param callbacks: :class:`sgd.TrainingCallback` objects (``sgd_loggers`` has loggers).
+    :param callbacks: :class:`sgd.TrainingCallback` objects (``sgd_loggers`` has loggers), and
+        Ray Tune ``Callback`` objects, as AIR passed them to the Tune run behind ``fit()``: their
+        ``on_trial_start``, ``on_trial_result`` (rank 0's report, one per round),
+        ``on_trial_complete`` / ``on_trial_error`` and ``on_experiment_end`` are called with a
+        :class:`TrialView` standing for the run.
+    :param local_dir: Ray AIR 2.0-2.4's name of ``storage_path``.
     :param checkpoint_config: :class:`CheckpointConfig`.
     :param failure_config: :class:`FailureConfig`.
     :param verbose: ``0`` turns sgd's live progress line off; otherwise sgd's default.
@@ -149,16 +166,23 @@ class RunConfig:
 
     name: Optional[str] = None
     storage_path: Optional[str] = None
-    callbacks: Optional[Sequence[TrainingCallback]] = None
+    callbacks: Optional[Sequence[Any]] = None
     checkpoint_config: Optional[CheckpointConfig] = None
     failure_config: Optional[FailureConfig] = None
     verbose: Optional[int] = None
+    local_dir: Optional[str] = None
 
     def __post_init__(self) -> None:
+        if self.local_dir is not None:  # Ray 2.0-2.4's name of storage_path
+            if self.storage_path is not None and self.storage_path != self.local_dir:
+                raise ValueError("RunConfig got both storage_path and local_dir (its older name); pass one")
+            self.storage_path, self.local_dir = self.local_dir, None
         if self.callbacks is not None:
-            bad = [type(c).__name__ for c in self.callbacks if not isinstance(c, TrainingCallback)]
+            bad = [type(c).__name__ for c in self.callbacks
+                   if not isinstance(c, TrainingCallback) and not is_tune_callback(c)]
             if bad:
-                raise TypeError(f"RunConfig(callbacks=...) takes sgd.TrainingCallback objects, got {', '.join(bad)}")
+                raise TypeError(f"RunConfig(callbacks=...) takes sgd.TrainingCallback or ray.tune.Callback objects, "
+                                f"got {', '.join(bad)}")
         if self.name is not None and (not self.name or "/" in self.name or self.name in (".", "..")):
             raise ValueError(f"RunConfig(name=...) must be a plain folder name, got {self.name!r}")
 
@@ -173,7 +197,9 @@ class Result:
         ``config`` (the run's config), ``done`` (``True`` when the run finished without error)
         and ``trial_id`` (the Ray Tune trial's id, else the run directory's name).
     :ivar checkpoint: the latest persisted checkpoint, or ``None``.
-    :ivar best_checkpoints: ``(checkpoint, metrics)`` for every kept checkpoint, oldest first.
+    :ivar best_checkpoints: ``(checkpoint, metrics)`` for every kept checkpoint in Ray's order:
+        ascending by the ``CheckpointConfig`` score (the worst first, the best last; NaN or a
+        missing score ranks worst); without a score attribute, by recency (oldest first).
     :ivar error: the exception that ended training (the worker's own type), or ``None``.
     :ivar path: the run directory (``<storage>/<name>/run_NNN``).
     """
@@ -195,8 +221,13 @@ class Result:
         return pd.DataFrame(self._rows)
 
     @classmethod
-    def from_path(cls, path: Union[str, os.PathLike], error: Optional[BaseException] = None) -> Result:
-        """The result of the run in ``path`` (a run directory), read from disk."""
+    def from_path(cls, path: Union[str, os.PathLike], error: Optional[BaseException] = None,
+                  checkpoint_cls: Type[Checkpoint] = Checkpoint) -> Result:
+        """The result of the run in ``path`` (a run directory), read from disk.
+
+        :param checkpoint_cls: the class of ``checkpoint`` and ``best_checkpoints``
+            (``sgd_torch.TorchCheckpoint`` for a ``TorchTrainer``'s result).
+        """
         run = Path(path).expanduser().resolve()
         if not run.is_dir():
             raise FileNotFoundError(f"no run directory at {run}")
@@ -205,16 +236,22 @@ class Result:
         _add_ray_fields(run, rows, finished=error is None)
         by_iteration = {r.get("_training_iteration"): r for r in rows}
         kept = []
-        for c in checkpoints(run):
+        found = checkpoints(run)
+        for c in found:
             # sgd.save_checkpoint stores no metrics: the report it followed stands in.
             metrics = c["metrics"] if c["metrics"] is not None else by_iteration.get(c["iteration"], {})
-            kept.append((Checkpoint.from_directory(c["path"]), metrics))
+            kept.append((checkpoint_cls.from_directory(c["path"]), metrics))
+        latest = kept[-1][0] if kept else None
+        # Ray's order: ascending by score (worst first, the best last; by recency: oldest first).
+        ranked = sorted(zip(found, kept), key=lambda fk: (
+            fk[0]["score"] if isinstance(fk[0]["score"], (int, float)) else -math.inf,
+            fk[0]["id"] if isinstance(fk[0]["id"], int) else -1))
         return cls(
             metrics=rows[-1] if rows else None,
-            checkpoint=kept[-1][0] if kept else None,
+            checkpoint=latest,
             error=error,
             path=str(run),
-            best_checkpoints=kept,
+            best_checkpoints=[k for _, k in ranked],
             _rows=rows,
         )
 
@@ -271,10 +308,26 @@ class DataParallelTrainer:
     :param dataset_config: :class:`sgd.DatasetConfig` by dataset name (split or whole, shuffle).
     :param resume_from_checkpoint: an :class:`sgd.Checkpoint` (or path) the loop starts from
         (``sgd.get_checkpoint()``).
+    :param preprocessor: a Ray Data preprocessor (``ray.data.preprocessors``), as in Ray AIR:
+        fitted on the ``"train"`` dataset (unless already fitted), applied to every dataset
+        before it reaches the workers, and kept in every checkpoint of the run
+        (``checkpoint.get_preprocessor()``).
     :param metadata: accepted for Ray Train compatibility, kept as ``self.metadata``.
+
+    Datasets follow Ray AIR's rules: ``"train"`` is split among the workers, every other
+    dataset goes whole to every worker; ``dataset_config`` overrides that per dataset
+    (:class:`sgd.DatasetConfig`, AIR's fields included). The loop's return value is
+    discarded, as in Ray AIR (``sgd.Trainer.run`` returns it).
     """
 
     _default_backend_config: Callable[[], BackendConfig] = BackendConfig
+    #: The class of ``Result.checkpoint`` (framework trainers set their own: ``TorchCheckpoint``).
+    _checkpoint_cls: Type[Checkpoint] = Checkpoint
+    #: The trainer's dataset rules (Ray AIR's ``_dataset_config``): by name, ``"*"`` for the others.
+    _dataset_config: Dict[str, DatasetConfig] = {
+        "train": DatasetConfig(split=True, fit=True, transform=True),
+        "*": DatasetConfig(split=False, fit=False, transform=True),
+    }
 
     def __init__(
         self,
@@ -287,6 +340,7 @@ class DataParallelTrainer:
         datasets: Optional[Dict[str, Any]] = None,
         dataset_config: Optional[Dict[str, DatasetConfig]] = None,
         resume_from_checkpoint: Any = None,
+        preprocessor: Any = None,
         metadata: Optional[Dict[str, Any]] = None,
     ):
 
@@ -309,9 +363,23 @@ class DataParallelTrainer:
         self.run_config = run_config or RunConfig()
         self.datasets = datasets
         self.dataset_config = dataset_config
+        if preprocessor is not None and not _is_preprocessor(preprocessor):
+            raise TypeError("preprocessor must be a ray.data.preprocessor.Preprocessor, "
+                            f"got {type(preprocessor).__name__}")
+        if dataset_config is not None:
+            _check_type("dataset_config", dataset_config, dict)
+            bad = [k for k, v in dataset_config.items() if not isinstance(v, DatasetConfig)]
+            if bad:
+                raise TypeError(f"dataset_config values must be sgd.DatasetConfig (wrong for {bad})")
         self.resume_from_checkpoint = resume_from_checkpoint
+        self.preprocessor = preprocessor
         self.metadata = dict(metadata or {})
         self._restore_run_dir: Optional[Path] = None
+
+    @property
+    def _train_loop_config(self) -> Dict[str, Any]:
+        # Ray AIR's attribute name (its tests read it).
+        return self.train_loop_config
 
     # --- running ----------------------------------------------------------------------
 
@@ -363,25 +431,25 @@ class DataParallelTrainer:
         )
 
     def fit(self) -> Result:
-        """Train; the :class:`Result`, whose ``error`` is set if training failed (never raises for it)."""
+        """Train; the :class:`Result`, whose ``error`` is set if training failed (never raises for it).
+
+        :raises ValueError: a setting this trainer cannot honour (``CheckpointConfig(checkpoint_frequency=...)``),
+            before anything runs.
+        """
+        self.check_settings()
         trainer = self.make_trainer()
         error: Optional[BaseException] = None
-        checkpoint_config = self.run_config.checkpoint_config or CheckpointConfig()
         previous_progress = os.environ.get("SGD_PROGRESS")
         if self.run_config.verbose == 0:
             os.environ["SGD_PROGRESS"] = "0"
+        tune_callbacks = TuneCallbacks(self.run_config.callbacks, self.train_loop_config)
         try:
+            # Before the workers start: fitting the preprocessor runs Ray Data tasks, which need
+            # CPUs the workers may take all of.
+            prepared = self.preprocess_datasets()
             trainer.start()
             try:
-                iterator = trainer.run_iterator(
-                    self.train_loop_per_worker,
-                    config=self.train_loop_config,
-                    dataset=self.datasets,
-                    checkpoint=self.resume_from_checkpoint,  # a restored run's own latest wins
-                    checkpoint_strategy=checkpoint_config.to_strategy(),
-                    callbacks=self.run_config.callbacks,
-                    dataset_config=self.dataset_config,
-                )
+                iterator = self.run_on(trainer, callbacks=[tune_callbacks], prepared=prepared)
                 self._save_for_restore(trainer.latest_run_dir)
                 for _ in iterator:
                     pass
@@ -396,10 +464,78 @@ class DataParallelTrainer:
                     os.environ.pop("SGD_PROGRESS", None)
                 else:
                     os.environ["SGD_PROGRESS"] = previous_progress
+            tune_callbacks.end(error)
         run_dir = trainer.latest_run_dir
         if run_dir is None:
             return Result(metrics=None, checkpoint=None, error=error, path=None)
-        return Result.from_path(run_dir, error=error)
+        return Result.from_path(run_dir, error=error, checkpoint_cls=self._checkpoint_cls)
+
+    def check_settings(self) -> None:
+        """Raise ``ValueError`` for settings this trainer cannot honour (called by ``fit()``)."""
+        (self.run_config.checkpoint_config or CheckpointConfig()).check_for_loop_trainer(type(self).__name__)
+
+    def dataset_configs(self) -> Dict[str, DatasetConfig]:
+        """The config of every dataset passed, Ray AIR's way: the trainer's rules
+        (:attr:`_dataset_config`) with the user's ``dataset_config`` merged in, resolved.
+
+        :raises ValueError: a dataset marked ``required`` is missing, or more than one is to be fitted.
+        """
+        rules = type(self)._dataset_config
+        user = dict(self.dataset_config or {})
+        datasets = self.datasets or {}
+        for name, config in user.items():
+            if config.required and name not in datasets and name not in ("*", "default"):
+                raise ValueError(f"dataset {name!r} is required (DatasetConfig(required=True)) and was not passed; "
+                                 f"passed: {', '.join(map(str, datasets)) or 'none'}")
+        resolved = {}
+        for name in datasets:
+            base = rules.get(name, rules.get("*", DatasetConfig()))
+            for key in ("*", "default", name):
+                if key in user:
+                    base = user[key].merged(base)
+            resolved[name] = base.resolved(split=True)
+        fitted = [n for n, c in resolved.items() if c.fit]
+        if self.preprocessor is not None and len(fitted) > 1:
+            raise ValueError(f"the preprocessor can be fitted on one dataset; DatasetConfig(fit=True) is set for "
+                             f"{', '.join(fitted)}")
+        return resolved
+
+    def preprocess_datasets(self) -> Tuple[Optional[Dict[str, Any]], Dict[str, DatasetConfig]]:
+        """The datasets as the workers get them (the preprocessor fitted and applied) and their configs."""
+        configs = self.dataset_configs()
+        if self.datasets is None:
+            return None, configs
+        datasets = dict(self.datasets)
+        p = self.preprocessor
+        if p is None:
+            return datasets, configs
+        fit_on = [n for n, c in configs.items() if c.fit]
+        if fit_on and _needs_fit(p):
+            _fit(p, fit_on[0], datasets[fit_on[0]])
+        for name, ds in datasets.items():
+            if configs[name].transform is not False and hasattr(ds, "map_batches"):
+                datasets[name] = p.transform(ds)
+        return datasets, configs
+
+    def run_on(self, trainer: Trainer, callbacks: Optional[Sequence[Any]] = None,
+               prepared: Optional[Tuple[Optional[Dict[str, Any]], Dict[str, DatasetConfig]]] = None) -> Any:
+        """Start this trainer's loop on ``trainer`` (an :class:`sgd.Trainer` made by
+        :meth:`make_trainer`, started); the :class:`sgd.TrainingIterator`. ``fit()`` and
+        sgd-tune's trials run it. The datasets are preprocessed first (unless ``prepared``, what
+        :meth:`preprocess_datasets` returned, is given); the loop's return value is discarded."""
+        datasets, configs = prepared if prepared is not None else self.preprocess_datasets()
+        checkpoint_config = self.run_config.checkpoint_config or CheckpointConfig()
+        own = [c for c in (self.run_config.callbacks or []) if isinstance(c, TrainingCallback)]
+        return trainer.run_iterator(
+            DiscardReturn(self.train_loop_per_worker),
+            config=self.train_loop_config,
+            dataset=datasets,
+            checkpoint=self.resume_from_checkpoint,  # a restored run's own latest wins
+            checkpoint_strategy=checkpoint_config.to_strategy(),
+            callbacks=[*own, *(callbacks or [])],
+            dataset_config=configs or None,
+            preprocessor=self.preprocessor,
+        )
 
     # --- restore ----------------------------------------------------------------------
 
@@ -502,6 +638,119 @@ class DataParallelTrainer:
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(backend={self.backend_config.name!r}, "
                 f"scaling_config={self.scaling_config!r})")
+
+
+class DiscardReturn:
+    """The training loop as an AIR trainer runs it: its return value discarded (Ray AIR's rule),
+    so a loop that returns something that does not pickle (a model) does not fail the run."""
+
+    def __init__(self, loop: Callable[..., Any]):
+        self.loop = loop
+
+    def __call__(self, config: Dict[str, Any]) -> None:
+        wrap_train_func(self.loop, config)()
+
+
+def _is_preprocessor(value: Any) -> bool:
+    return any(f"{c.__module__}.{c.__name__}" == "ray.data.preprocessor.Preprocessor" for c in type(value).__mro__)
+
+
+def _needs_fit(p: Any) -> bool:
+    try:
+        status = p.fit_status()
+    except AttributeError:
+        return True
+    return getattr(status, "name", str(status)) not in ("FITTED", "NOT_FITTABLE")
+
+
+def _fit(p: Any, name: str, ds: Any) -> None:
+    """Fit ``p`` on dataset ``name``; a failure names the dataset and the columns."""
+    try:
+        p.fit(ds)
+    except Exception as exc:
+        try:
+            columns = list(ds.schema().names)
+        except Exception:
+            columns = []
+        wanted = [c for c in (getattr(p, "columns", None) or []) if c not in columns] if columns else []
+        missing = f"; columns it needs that dataset {name!r} lacks: {', '.join(map(str, wanted))}" if wanted else ""
+        raise ValueError(
+            f"the preprocessor {type(p).__name__} failed to fit on dataset {name!r} (columns: "
+            f"{', '.join(map(str, columns)) or 'unknown'}){missing}: {type(exc).__name__}: {exc}") from exc
+
+
+def is_tune_callback(value: Any) -> bool:
+    """Whether ``value`` is a Ray Tune ``Callback`` (without importing Ray Tune)."""
+    return any(f"{c.__module__}.{c.__name__}" == "ray.tune.callback.Callback" for c in type(value).__mro__)
+
+
+class TrialView:
+    """What the Ray Tune callbacks in ``RunConfig(callbacks=...)`` get as ``trial`` when
+    ``fit()`` runs without Tune: the run's id, name, config, directory and last result."""
+
+    def __init__(self, config: Dict[str, Any]):
+        self.trial_id = ""
+        self.trial_name = ""
+        self.config = config
+        self.local_path: Optional[str] = None
+        self.last_result: Dict[str, Any] = {}
+        self.status = "PENDING"
+
+    @property
+    def logdir(self) -> Optional[str]:
+        return self.local_path
+
+    def __str__(self) -> str:
+        return self.trial_name
+
+    def __repr__(self) -> str:
+        return f"TrialView({self.trial_name!r}, status={self.status})"
+
+
+class TuneCallbacks(TrainingCallback):
+    """Calls the Ray Tune callbacks of a ``RunConfig`` as a Tune run of one trial would."""
+
+    def __init__(self, callbacks: Optional[Sequence[Any]], config: Dict[str, Any]):
+        self.callbacks = [c for c in (callbacks or []) if is_tune_callback(c)]
+        self.trial = TrialView(config)
+        self.iteration = 0
+        self.started = False
+
+    def _call(self, hook: str, **kwargs: Any) -> None:
+        for c in self.callbacks:
+            getattr(c, hook)(iteration=self.iteration, trials=[self.trial], **kwargs)
+
+    def start_training(self, logdir: str, config: Dict[str, Any], **info: Any) -> None:
+        run_dir = Path(info.get("run_dir") or logdir)
+        self.trial.trial_id = self.trial.trial_name = run_dir.name
+        self.trial.local_path = str(run_dir)
+        self.trial.status = "RUNNING"
+        self.started = True
+        for c in self.callbacks:
+            c.setup(num_samples=1, total_num_samples=1)
+        self._call("on_trial_start", trial=self.trial)
+
+    def handle_result(self, results: List[Dict[str, Any]], **info: Any) -> None:
+        self.iteration += 1
+        result = dict(results[0])
+        for ray_key, key in RAY_RESULT_FIELDS.items():
+            if key in result:
+                result.setdefault(ray_key, result[key])
+        result.setdefault("trial_id", self.trial.trial_id)
+        self.trial.last_result = result
+        self._call("on_trial_result", trial=self.trial, result=result)
+
+    def end(self, error: Optional[BaseException]) -> None:
+        if not self.callbacks:
+            return
+        if self.started:
+            self.trial.status = "ERROR" if error is not None else "TERMINATED"
+            if error is not None:
+                self._call("on_trial_error", trial=self.trial)
+            else:
+                self._call("on_trial_complete", trial=self.trial)
+        for c in self.callbacks:
+            c.on_experiment_end(trials=[self.trial])
 
 
 def _check_type(name: str, value: Any, expected: type) -> None:

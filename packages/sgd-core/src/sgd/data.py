@@ -59,16 +59,64 @@ class DatasetConfig:
         one unit (a file) where they are not. Divided, ``equal`` counts the rows the
         source yields: a ``filter`` or a ``map_batches`` that changes the row count makes
         the parts differ again; ``split="coordinated"`` equalises what comes out instead.
+
+    Ray AIR's ``DatasetConfig`` fields (``from ray.air.config import DatasetConfig`` code runs
+    with ``from sgd import DatasetConfig``); every field left ``None`` takes the trainer's
+    default for that dataset, as AIR merged a user's config into the trainer's:
+
+    :param fit: the AIR trainer's ``preprocessor`` is fitted on this dataset (default: only
+        on ``"train"``; at most one dataset may say ``True``).
+    :param transform: the preprocessor transforms this dataset (default ``True``).
+    :param required: ``fit()`` fails with ``ValueError`` when this dataset is not passed.
+    :param global_shuffle: AIR's name of ``shuffle``.
+    :param randomize_block_order: ``True`` is ``shuffle`` (sgd's shuffle deals the source's
+        blocks in a new order every epoch); ``False`` or ``None``: no change.
+    :param max_object_store_memory_fraction: ``-1`` materialises the dataset once
+        (``streaming=False``), AIR's bulk ingest; any other value streams.
+    :param per_epoch_preprocessor: a fitted or stateless preprocessor applied to this dataset's
+        rows every epoch (lazily, so random transforms differ per epoch).
+
+    ``split`` left ``None`` is ``True`` in ``Trainer.run``; AIR trainers split ``"train"`` and
+    give every other dataset whole to every worker.
     """
 
-    split: Union[bool, str] = True
+    split: Union[bool, str, None] = None
     shuffle: bool = False
     seed: Optional[int] = None
     streaming: bool = True
     equal: bool = False
+    fit: Optional[bool] = None
+    required: Optional[bool] = None
+    transform: Optional[bool] = None
+    global_shuffle: Optional[bool] = None
+    randomize_block_order: Optional[bool] = None
+    max_object_store_memory_fraction: Optional[float] = None
+    per_epoch_preprocessor: Any = None
+
+    def resolved(self, split: Union[bool, str] = True) -> DatasetConfig:
+        """This config with AIR's fields turned into sgd's and ``split=None`` set to ``split``."""
+        import dataclasses
+
+        shuffle = self.shuffle or bool(self.global_shuffle) or bool(self.randomize_block_order)
+        fraction = self.max_object_store_memory_fraction
+        streaming = self.streaming and not (fraction is not None and fraction < 0)
+        return dataclasses.replace(self, split=split if self.split is None else self.split, shuffle=shuffle,
+                                   streaming=streaming)
+
+    def merged(self, base: DatasetConfig) -> DatasetConfig:
+        """``base`` with the fields this config sets (AIR's ``DatasetConfig.merge``): a field
+        left at its default (``None``, or sgd's defaults) keeps ``base``'s."""
+        import dataclasses
+
+        defaults = DatasetConfig()
+        changes = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                   if getattr(self, f.name) is not getattr(defaults, f.name)
+                   and getattr(self, f.name) != getattr(defaults, f.name)}
+        return dataclasses.replace(base, **changes)
 
     def __post_init__(self) -> None:
-        if not any(self.split is s or (isinstance(s, str) and self.split == s) for s in _SPLITS):
+        if self.split is not None and not any(
+                self.split is s or (isinstance(s, str) and self.split == s) for s in _SPLITS):
             raise ValueError(
                 f"DatasetConfig(split={self.split!r}) is not one of True (divide the dataset, or "
                 "coordinate when it cannot be divided), 'parts', 'coordinated' or False (the whole "
@@ -132,16 +180,18 @@ def shard_datasets(
             )
         default = configs.get("default", DatasetConfig())
         per_name = {
-            name: _split_one(ds, n, configs.get(name, default), locality_hints, actors)
+            name: _split_one(ds, n, configs.get(name, default).resolved(), locality_hints, actors)
             for name, ds in dataset.items()
         }
         return [{name: shards[i] for name, shards in per_name.items()} for i in range(n)]
-    config = configs.get("default", DatasetConfig())
+    config = configs.get("default", DatasetConfig()).resolved()
     return _split_one(dataset, n, config, locality_hints, actors)
 
 
 def _split_one(ds: Any, n: int, config: DatasetConfig, hints: Optional[Sequence[str]],
                actors: Optional[Sequence[Any]] = None) -> List[Any]:
+    if config.per_epoch_preprocessor is not None and _is_ray_dataset(ds):
+        ds = config.per_epoch_preprocessor.transform(ds)  # lazy: executed again every epoch
     mode = _mode(ds, config)
     if mode == "whole":
         if config.shuffle and _is_ray_dataset(ds):
@@ -389,7 +439,7 @@ def _named(dataset: Any, configs: Optional[Dict[str, DatasetConfig]]) -> List[Tu
     configs = dict(configs or {})
     default = configs.get("default", DatasetConfig())
     named = dataset.items() if isinstance(dataset, dict) else [("default", dataset)]
-    return [(ds, configs.get(name, default)) for name, ds in named]
+    return [(ds, configs.get(name, default).resolved()) for name, ds in named]
 
 
 def shards_survive_restart(dataset: Any, configs: Optional[Dict[str, DatasetConfig]] = None,

@@ -10,6 +10,8 @@ training function can be debugged by calling it directly.
 
 from __future__ import annotations
 
+import os
+import shutil
 import warnings
 from typing import Any, Dict, Optional
 
@@ -31,6 +33,16 @@ __all__ = [
     "get_session",
     "get_preemption_info",
     "PreemptionInfo",
+    # Ray AIR's session names
+    "get_world_rank",
+    "get_local_rank",
+    "get_world_size",
+    "get_node_rank",
+    "get_local_world_size",
+    "get_experiment_name",
+    "get_trial_dir",
+    "get_trial_name",
+    "get_trial_id",
 ]
 
 
@@ -57,29 +69,73 @@ def _context() -> WorkerContext:
     return context
 
 
-def report(metrics: Optional[Dict[str, Any]] = None, /, *, checkpoint: Any = None, **kwargs: Any) -> None:
-    """Report metrics from this worker: ``sgd.report(loss=0.1)`` or ``sgd.report({"loss": 0.1})``.
+def report(metrics: Optional[Dict[str, Any]] = None, checkpoint: Any = None, checkpoint_dir_name: Optional[str] = None,
+           checkpoint_upload_mode: Any = None, delete_local_checkpoint_after_upload: Optional[bool] = None,
+           checkpoint_upload_fn: Any = None, validation: Any = False, **kwargs: Any) -> None:
+    """Report metrics from this worker, optionally with a checkpoint.
+
+    Every signature of Ray Train works:
+
+    - ``sgd.report(loss=0.1)`` (Ray Train 1.x: the metrics as keywords);
+    - ``sgd.report({"loss": 0.1})`` and ``sgd.report({"loss": 0.1}, checkpoint=ckpt)`` (AIR 2.x);
+    - ``sgd.report(metrics={"loss": 0.1}, checkpoint=ckpt)`` (AIR 2.x, keywords);
+    - ``sgd.report({"loss": 0.1}, ckpt)`` (Ray 2.x: the checkpoint positional).
+
+    ``metrics`` must be a dict: anything else is a :class:`TypeError` (it is never taken for a
+    metric called ``metrics``). Keywords beside a dict are added to it. Without a dict,
+    ``checkpoint=`` that is not an :class:`sgd.Checkpoint` is a metric of that name (Ray 1.x's
+    keyword style); with one, it is a :class:`TypeError`.
 
     Every worker must report the same number of times. The worker may run ahead
     of the driver by a bounded number of reports (``SGD_MAX_PENDING_RESULTS``,
     default 1024) before this call blocks.
 
-    :param checkpoint: an :class:`sgd.Checkpoint` that goes with these metrics (the
-        AIR-style API: ``sgd.report(metrics, checkpoint=Checkpoint.from_directory(d))``).
+    :param checkpoint: an :class:`sgd.Checkpoint` that goes with these metrics
+        (``sgd.report(metrics, checkpoint=Checkpoint.from_directory(d))``).
         Its content is taken before ``report`` returns, so ``d`` may be deleted right
         after; the call returns once the driver has persisted it. Ranks that pass
         ``None`` add nothing; several ranks' directories are merged (lowest rank wins
         on a name clash), the metrics of the lowest rank that passed one score it.
+    :param checkpoint_upload_mode: Ray 2.x's ``CheckpointUploadMode`` (or its name). ``SYNC``
+        (the default) is what sgd does. ``ASYNC`` and ``NO_UPLOAD`` are taken as ``SYNC``: the
+        call returns once the checkpoint is persisted (correct, not faster).
+    :param delete_local_checkpoint_after_upload: delete the checkpoint's local directory once
+        its content is taken (``None``: only with ``ASYNC``, as in Ray).
+    :param checkpoint_dir_name: Ray 2.x's name for the checkpoint's directory; not supported
+        (sgd names them ``checkpoint_NNNNNN``): :class:`ValueError`. ``checkpoint_upload_fn``
+        and ``validation`` likewise.
     """
     if metrics is not None and not isinstance(metrics, dict):
-        raise TypeError(f"sgd.report() takes a dict or keyword arguments, not {type(metrics).__name__}")
+        raise TypeError(
+            f"sgd.report() takes the metrics as a dict (sgd.report({{'loss': 0.1}}) or sgd.report(metrics="
+            f"{{'loss': 0.1}})) or as keywords (sgd.report(loss=0.1)), not a {type(metrics).__name__}")
     if checkpoint is not None and not _is_checkpoint(checkpoint):
         if metrics is not None:
-            raise TypeError(f"sgd.report(checkpoint=...) takes an sgd.Checkpoint, got {type(checkpoint).__name__}")
+            t = type(checkpoint)
+            raise TypeError(f"sgd.report(checkpoint=...) takes an sgd.Checkpoint, got {t.__module__}.{t.__qualname__}")
         # ``sgd.report(checkpoint=3)``: keyword style, a metric that happens to be called so.
         kwargs["checkpoint"], checkpoint = checkpoint, None
+    _refuse_unsupported(checkpoint_dir_name=checkpoint_dir_name, checkpoint_upload_fn=checkpoint_upload_fn,
+                        validation=validation)
+    mode = str(getattr(checkpoint_upload_mode, "value", checkpoint_upload_mode) or "SYNC").upper()
+    if mode not in ("SYNC", "ASYNC", "NO_UPLOAD"):
+        raise ValueError(f"checkpoint_upload_mode must be SYNC, ASYNC or NO_UPLOAD, got {checkpoint_upload_mode!r}")
     data = {**metrics, **kwargs} if metrics else kwargs
     _session("report").report(data, checkpoint)
+    delete = delete_local_checkpoint_after_upload
+    if delete is None:
+        delete = mode == "ASYNC"
+    if checkpoint is not None and delete and checkpoint.path is not None and os.path.isdir(checkpoint.path):
+        shutil.rmtree(checkpoint.path, ignore_errors=True)
+
+
+def _refuse_unsupported(**given: Any) -> None:
+    for name, value in given.items():
+        if value is not None and value is not False:
+            raise ValueError(
+                f"sgd.report({name}=...) is a Ray 2.x option sgd does not have (checkpoint directories are "
+                f"named checkpoint_NNNNNN and persisted by the driver before report returns): drop the argument "
+                "(docs/migration-ray-train.md)")
 
 
 def _is_checkpoint(value: Any) -> bool:
@@ -122,12 +178,16 @@ def load_checkpoint() -> Optional[Dict[str, Any]]:
     return state
 
 
-def get_dataset_shard(name: Optional[str] = None) -> Any:
-    """This worker's shard of the ``dataset`` passed to ``Trainer.run``.
+def get_dataset_shard(name: Optional[str] = None, *, dataset_name: Optional[str] = None) -> Any:
+    """This worker's shard of the ``dataset`` passed to ``Trainer.run`` (``datasets=`` of an AIR trainer).
 
-    With a dict of datasets pass its ``name``. Returns ``None`` (with a
-    warning) when no dataset was passed.
+    With a dict of datasets pass its ``name`` (``dataset_name=`` is Ray's keyword for it).
+    Returns ``None`` (with a warning) when no dataset was passed.
     """
+    if dataset_name is not None:
+        if name is not None and name != dataset_name:
+            raise TypeError(f"get_dataset_shard() got two names: {name!r} and dataset_name={dataset_name!r}")
+        name = dataset_name
     shard = _session("get_dataset_shard").dataset_shard
     if shard is None:
         warnings.warn("sgd.get_dataset_shard(): no dataset was passed to Trainer.run", RuntimeWarning, stacklevel=2)
@@ -191,6 +251,54 @@ def get_context() -> WorkerContext:
     ``get_experiment_name()``, ``get_trial_dir()`` (the run directory, on the driver's node),
     ``get_trial_name()`` and ``get_trial_id()`` (the Ray Tune trial's, else ``None``)."""
     return _context()
+
+
+# --- Ray AIR's ``session`` module names (``from ray.air import session`` -> ``from sgd import session``) ---
+
+
+def get_world_rank() -> int:
+    """AIR's name of :func:`world_rank`."""
+    return _context().world_rank
+
+
+def get_local_rank() -> int:
+    """AIR's name of :func:`local_rank`."""
+    return _context().local_rank
+
+
+def get_world_size() -> int:
+    """AIR's name of :func:`world_size`."""
+    return _context().world_size
+
+
+def get_node_rank() -> int:
+    """AIR's name of :func:`node_rank`."""
+    return _context().node_rank
+
+
+def get_local_world_size() -> int:
+    """AIR's name of :func:`local_world_size`."""
+    return _context().local_world_size
+
+
+def get_experiment_name() -> Optional[str]:
+    """The experiment's name (``RunConfig(name=...)``, the trainer's ``logdir`` name)."""
+    return _session("get_experiment_name").context.get_experiment_name()
+
+
+def get_trial_dir() -> Optional[str]:
+    """This run's directory (a path on the driver's node)."""
+    return _session("get_trial_dir").context.get_trial_dir()
+
+
+def get_trial_name() -> Optional[str]:
+    """The Ray Tune trial's name when the run is a Tune trial, else ``None``."""
+    return _session("get_trial_name").context.get_trial_name()
+
+
+def get_trial_id() -> Optional[str]:
+    """The Ray Tune trial's id when the run is a Tune trial, else ``None``."""
+    return _session("get_trial_id").context.get_trial_id()
 
 
 def get_preemption_info() -> Optional[PreemptionInfo]:

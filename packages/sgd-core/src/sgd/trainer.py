@@ -423,11 +423,14 @@ class Trainer:
         *,
         callbacks: Optional[Sequence[TrainingCallback]] = None,
         dataset_config: Optional[Dict[str, DatasetConfig]] = None,
+        preprocessor: Any = None,
     ) -> TrainingIterator:
         """Start ``train_func`` on every worker and return an iterator over report rounds.
 
         ``dataset_config`` maps dataset names (``"default"`` for all, or for a single
         dataset) to :class:`sgd.DatasetConfig` (split or whole, per-epoch shuffle).
+        ``preprocessor`` (a fitted Ray Data preprocessor) is kept in every checkpoint the
+        run persists (``Checkpoint.get_preprocessor()``); the AIR trainers pass theirs.
         """
         fn = wrap_train_func(train_func, config)
         if self._controller is None:
@@ -460,6 +463,10 @@ class Trainer:
             run = RunDirectory.create(self._next_run_dir())
             self._manager = CheckpointManager(run.checkpoint_dir, strategy, codec, mirror=self._mirror_for(run.path),
                                               hook=self.plugin_manager)
+        if preprocessor is not None:
+            from sgd.checkpoint.preprocessor import encode_preprocessor
+
+            self._manager.preprocessor = encode_preprocessor(preprocessor)
         trial = self.trial_info or {}
         # The run's config and trial are kept with it for Result.metrics (Ray Train's "config", "trial_id").
         run.write_settings(dict(self._settings_json(), run_config=config or {}, trial_id=trial.get("id")))

@@ -30,6 +30,7 @@ class HorovodTrainer(DataParallelTrainer):
         resume_from_checkpoint: Any = None,
         *,
         dataset_config: Optional[Dict[str, DatasetConfig]] = None,
+        preprocessor: Any = None,
         metadata: Optional[Dict[str, Any]] = None,
     ):
         if horovod_config is not None and not isinstance(horovod_config, HorovodConfig):
@@ -43,5 +44,6 @@ class HorovodTrainer(DataParallelTrainer):
             datasets=datasets,
             dataset_config=dataset_config,
             resume_from_checkpoint=resume_from_checkpoint,
+            preprocessor=preprocessor,
             metadata=metadata,
         )

@@ -6,13 +6,15 @@
 
 from typing import Any
 
+from sgd_tensorflow.checkpoint import TensorflowCheckpoint
 from sgd_tensorflow.config import TensorflowConfig
+from sgd_tensorflow.predictor import TensorflowPredictor
 from sgd_tensorflow.trainer import TensorflowTrainer
 
 _LAZY = {"prepare_dataset_shard": "train_loop_utils", "ReportCheckpointCallback": "keras_callback"}
 
 __version__ = "0.1.0"
-__all__ = ["TensorflowConfig", "TensorflowTrainer", *sorted(_LAZY)]
+__all__ = ["TensorflowPredictor", "TensorflowCheckpoint", "TensorflowConfig", "TensorflowTrainer", *sorted(_LAZY)]
 
 
 def __getattr__(name: str) -> Any:

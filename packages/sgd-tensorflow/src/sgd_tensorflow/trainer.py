@@ -6,6 +6,7 @@ from typing import Any, Callable, Dict, Optional
 
 from sgd.air import DataParallelTrainer, RunConfig, ScalingConfig
 from sgd.data import DatasetConfig
+from sgd_tensorflow.checkpoint import TensorflowCheckpoint
 from sgd_tensorflow.config import TensorflowConfig
 
 
@@ -17,6 +18,7 @@ class TensorflowTrainer(DataParallelTrainer):
     Other arguments as :class:`sgd.DataParallelTrainer`.
     """
 
+    _checkpoint_cls = TensorflowCheckpoint
     _default_backend_config = TensorflowConfig
 
     def __init__(
@@ -30,6 +32,7 @@ class TensorflowTrainer(DataParallelTrainer):
         resume_from_checkpoint: Any = None,
         *,
         dataset_config: Optional[Dict[str, DatasetConfig]] = None,
+        preprocessor: Any = None,
         metadata: Optional[Dict[str, Any]] = None,
     ):
         if tensorflow_config is not None and not isinstance(tensorflow_config, TensorflowConfig):
@@ -44,5 +47,6 @@ class TensorflowTrainer(DataParallelTrainer):
             datasets=datasets,
             dataset_config=dataset_config,
             resume_from_checkpoint=resume_from_checkpoint,
+            preprocessor=preprocessor,
             metadata=metadata,
         )

@@ -5,7 +5,9 @@
 
 from typing import Any
 
+from sgd_torch.checkpoint import TorchCheckpoint
 from sgd_torch.config import TorchBackend, TorchConfig
+from sgd_torch.predictor import TorchPredictor
 from sgd_torch.profiler import TorchWorkerProfiler
 from sgd_torch.trainer import TorchTrainer
 
@@ -24,7 +26,8 @@ _LAZY = {
 _LAZY_SHARDED = {"load_sharded_checkpoint", "save_sharded_checkpoint"}
 
 __version__ = "0.1.0"
-__all__ = ["TorchBackend", "TorchConfig", "TorchTrainer", "TorchWorkerProfiler", *sorted(_LAZY | _LAZY_SHARDED)]
+__all__ = ["TorchPredictor", "TorchBackend", "TorchCheckpoint", "TorchConfig", "TorchTrainer", "TorchWorkerProfiler",
+           *sorted(_LAZY | _LAZY_SHARDED)]
 
 
 def __getattr__(name: str) -> Any:

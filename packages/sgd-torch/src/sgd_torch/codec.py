@@ -50,10 +50,26 @@ def _weights_only_load(data: bytes) -> Any:
 
 
 def save(obj: Any, f: IO[bytes]) -> List[str]:
-    """``torch.save(obj, f)``; returns the types the weights-only loader will refuse."""
+    """``torch.save(obj, f)``; returns the types the weights-only loader will refuse.
+
+    A class that pickle cannot name (defined inside a function, or in a module the driver
+    cannot import: a model class shipped to the workers by value) is written with
+    cloudpickle as torch's pickler instead, as Ray AIR's checkpoints were; such content loads
+    only with trust, like any pickled model.
+    """
     import torch
 
-    torch.save(obj, f)
+    start = f.tell()
+    try:
+        torch.save(obj, f)
+    except (pickle.PicklingError, AttributeError) as exc:
+        if "pickle" not in str(exc).lower():
+            raise
+        import ray.cloudpickle as cloudpickle
+
+        f.seek(start)
+        f.truncate()
+        torch.save(obj, f, pickle_module=cloudpickle)
     return _needs_pickle(obj)
 
 

@@ -155,6 +155,10 @@ def _start_run() -> bool:
     _reset_run_state()
     import torch.distributed as dist
 
+    from sgd_torch.train_loop_utils import get_device
+
+    # Hugging Face Accelerate reads the device from here (Ray Train sets it too).
+    os.environ["ACCELERATE_TORCH_DEVICE"] = str(get_device())
     return dist.is_available() and dist.is_initialized()
 
 

@@ -171,18 +171,61 @@ def _fully_shard(model: torch.nn.Module, kwargs: Dict[str, Any]) -> torch.nn.Mod
 
 
 def _autocast_forward(model: torch.nn.Module, device: torch.device) -> None:
-    """Run ``model``'s forward under ``torch.autocast`` (float16 on GPU, bfloat16 on CPU)."""
-    import functools
+    """Run ``model``'s forward under ``torch.autocast`` (float16 on GPU, bfloat16 on CPU).
 
-    forward = model.forward
+    The wrapper is an :class:`AutocastForward` object, not a closure, so the model still
+    pickles (``pickle``, ``torch.save``, Ray's object store) and loads with it.
+    """
+    if isinstance(model.__dict__.get("forward"), AutocastForward):
+        return  # prepare_model called twice on one model: autocast once
     dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
+    model.forward = AutocastForward(model, device.type, dtype)  # type: ignore[method-assign]
 
-    @functools.wraps(forward)
-    def autocast_forward(*args: Any, **kwargs: Any) -> Any:
-        with torch.autocast(device_type=device.type, dtype=dtype):
+
+class AutocastForward:
+    """A module's forward run under ``torch.autocast``: what :func:`prepare_model` sets as
+    ``model.forward`` after :func:`accelerate(amp=True) <sgd_torch.accelerate>`.
+
+    A module-level class holding the module, the device type and the dtype, so a model
+    carrying it pickles and loads (by reference to this class, as any torch model's class),
+    and runs under autocast after loading too. :func:`strip_autocast` takes it off again
+    (``TorchCheckpoint.from_model`` stores the model without it).
+
+    :param module: the model.
+    :param device_type: ``"cuda"`` or ``"cpu"``.
+    :param dtype: the autocast dtype.
+    :param forward: the forward it wraps; ``None`` is the class's own ``forward``.
+    """
+
+    def __init__(self, module: torch.nn.Module, device_type: str, dtype: torch.dtype, forward: Any = None):
+        if forward is None:
+            forward = module.__dict__.get("forward")  # a forward the caller set on the instance
+        self.module = module
+        self.device_type = device_type
+        self.dtype = dtype
+        self.wrapped = forward
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        forward = self.wrapped if self.wrapped is not None else type(self.module).forward.__get__(self.module)
+        with torch.autocast(device_type=self.device_type, dtype=self.dtype):
             return forward(*args, **kwargs)
 
-    model.forward = autocast_forward  # type: ignore[method-assign]
+    def __reduce__(self) -> Any:
+        return (AutocastForward, (self.module, self.device_type, self.dtype, self.wrapped))
+
+    def __repr__(self) -> str:
+        return f"AutocastForward({type(self.module).__name__}.forward, {self.device_type}, {self.dtype})"
+
+
+def strip_autocast(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` without the autocast wrapper :func:`prepare_model` set on it (in place; returned)."""
+    wrapper = model.__dict__.get("forward")
+    if isinstance(wrapper, AutocastForward):
+        if wrapper.wrapped is None:
+            del model.__dict__["forward"]
+        else:
+            model.forward = wrapper.wrapped  # type: ignore[method-assign]
+    return model
 
 
 def to_device(batch: Any, device: torch.device) -> Any:

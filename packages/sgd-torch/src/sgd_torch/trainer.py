@@ -6,6 +6,7 @@ from typing import Any, Callable, Dict, Optional
 
 from sgd.air import DataParallelTrainer, RunConfig, ScalingConfig
 from sgd.data import DatasetConfig
+from sgd_torch.checkpoint import TorchCheckpoint
 from sgd_torch.config import TorchConfig
 
 
@@ -19,6 +20,7 @@ class TorchTrainer(DataParallelTrainer):
     Other arguments as :class:`sgd.DataParallelTrainer`.
     """
 
+    _checkpoint_cls = TorchCheckpoint
     _default_backend_config = TorchConfig
 
     def __init__(
@@ -32,6 +34,7 @@ class TorchTrainer(DataParallelTrainer):
         resume_from_checkpoint: Any = None,
         *,
         dataset_config: Optional[Dict[str, DatasetConfig]] = None,
+        preprocessor: Any = None,
         metadata: Optional[Dict[str, Any]] = None,
     ):
         if torch_config is not None and not isinstance(torch_config, TorchConfig):
@@ -45,5 +48,6 @@ class TorchTrainer(DataParallelTrainer):
             datasets=datasets,
             dataset_config=dataset_config,
             resume_from_checkpoint=resume_from_checkpoint,
+            preprocessor=preprocessor,
             metadata=metadata,
         )

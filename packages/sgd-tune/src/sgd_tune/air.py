@@ -101,6 +101,7 @@ def make_air_trainable(base: Any) -> Callable[[Dict[str, Any]], None]:
         from ray import tune
 
         trainer = _trial_trainer(base, config)
+        trainer.check_settings()
         trial_dir = Path(tune.get_context().get_trial_dir())
         trainer.run_config = dataclasses.replace(trainer.run_config, storage_path=str(trial_dir), name="sgd")
         restored = tune.get_checkpoint()
@@ -140,15 +141,9 @@ def _run_trial(trainer: Any, tune: Any) -> None:
         context = tune.get_context()
         sgd_trainer.trial_info = {"name": context.get_trial_name(), "id": context.get_trial_id(),
                                   "experiment": context.get_experiment_name()}
-        checkpoint_config = trainer.run_config.checkpoint_config
-        strategy = checkpoint_config.to_strategy() if checkpoint_config is not None else None
         iterator = None
         try:
-            iterator = sgd_trainer.run_iterator(
-                trainer.train_loop_per_worker, config=trainer.train_loop_config, dataset=trainer.datasets,
-                checkpoint=trainer.resume_from_checkpoint, checkpoint_strategy=strategy,
-                callbacks=trainer.run_config.callbacks, dataset_config=trainer.dataset_config,
-            )
+            iterator = trainer.run_on(sgd_trainer)
             seen: Optional[Path] = None
             for results in iterator:
                 newest = newest_checkpoint(sgd_trainer.latest_checkpoint_dir)

@@ -24,6 +24,7 @@ from typing import Any, Dict, Iterator, Optional, Tuple, Union
 
 from sgd.checkpoint import integrity
 from sgd.checkpoint.codecs import TRUST_ENV, get_codec, resolve_trusted, untrusted_error
+from sgd.checkpoint.preprocessor import PREPROCESSOR_FILE, PREPROCESSOR_KEY
 from sgd.checkpoint.storage import is_uri, storage_for
 from sgd.errors import CheckpointError, CheckpointIntegrityError, UntrustedCheckpointError
 
@@ -203,6 +204,32 @@ class Checkpoint:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
+    def get_preprocessor(self, trusted: Optional[bool] = None) -> Any:
+        """The preprocessor kept with this checkpoint (an AIR trainer's ``preprocessor=``, or
+        ``TorchCheckpoint.from_model(model, preprocessor=...)``), or ``None``.
+
+        Ray Data's own preprocessors load without running code named by the file; any other is
+        pickled and loads only with ``trusted=True`` (or the checkpoint's own ``trusted``, or
+        ``SGD_TRUST_CHECKPOINTS=1``): :class:`UntrustedCheckpointError` otherwise.
+        """
+        from sgd.checkpoint.preprocessor import decode_preprocessor
+
+        trust = self.trusted if trusted is None else trusted
+        if self._data is not None:
+            kept = self._data.get(PREPROCESSOR_KEY)
+            if kept is None:
+                return None
+            if not isinstance(kept, (bytes, bytearray)):
+                return kept  # put there by hand, as an object
+            return decode_preprocessor(kept, trust, "in memory")
+        with self.as_directory() as local:
+            meta = integrity.read_metadata(Path(local), self._path or local)
+            integrity.verify(Path(local), meta, self._path or local)
+            path = Path(local) / PREPROCESSOR_FILE
+            if not path.is_file():
+                return None
+            return decode_preprocessor(path.read_bytes(), trust, self._path or local)
+
     def __repr__(self) -> str:
         if self._path:
             return f"Checkpoint(path={self._path!r})"
@@ -222,6 +249,10 @@ def write_dict_dir(data: Dict[str, Any], directory: Path, codec: str = DEFAULT_C
     """
     c = get_codec(codec, hook=hook)
     state_file = directory / f"state.{c.suffix}"
+    kept = data.get(PREPROCESSOR_KEY) if isinstance(data, dict) else None
+    if isinstance(kept, (bytes, bytearray)):  # a preprocessor: its own file (see sgd.checkpoint.preprocessor)
+        data = {k: v for k, v in data.items() if k != PREPROCESSOR_KEY}
+        write_files({PREPROCESSOR_FILE: bytes(kept)}, directory)
     try:
         directory.mkdir(parents=True, exist_ok=True)
         with open(state_file, "wb") as f:
@@ -234,6 +265,8 @@ def write_dict_dir(data: Dict[str, Any], directory: Path, codec: str = DEFAULT_C
         raise
     meta: Dict[str, Any] = {"format": "dict", "codec": c.name, "state_file": state_file.name,
                             "files": {state_file.name: integrity.file_digest(state_file)}}
+    if isinstance(kept, (bytes, bytearray)):
+        meta["files"][PREPROCESSOR_FILE] = integrity.file_digest(directory / PREPROCESSOR_FILE)
     if needs_trust:
         meta["needs_trust"] = needs_trust
     _write_metadata(directory, {**meta, **(extra_meta or {})})
@@ -316,6 +349,8 @@ def _read_dict(directory: Path, trusted: bool, where: str) -> Dict[str, Any]:
             ) from exc
         if not isinstance(state, dict):
             raise CheckpointIntegrityError(f"checkpoint {where}: its state is a {type(state).__name__}, not a dict")
+        if PREPROCESSOR_FILE in (meta.get("files") or {}):  # bytes: decoded by get_preprocessor()
+            state[PREPROCESSOR_KEY] = integrity.confined(directory, PREPROCESSOR_FILE, where).read_bytes()
         return state
     if meta.get("format") == "sharded":
         # Every shard stays where it is: the workers read their parts (sgd_torch.load_sharded_checkpoint).

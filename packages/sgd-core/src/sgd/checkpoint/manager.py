@@ -26,6 +26,7 @@ from sgd.checkpoint.format import (
     write_files,
 )
 from sgd.checkpoint.integrity import complete_digests, is_disk_full
+from sgd.checkpoint.preprocessor import PREPROCESSOR_FILE, PREPROCESSOR_KEY
 from sgd.checkpoint.storage import storage_for
 from sgd.redact import redact
 
@@ -77,6 +78,9 @@ class CheckpointManager:
         self.mirror = mirror.rstrip("/") if mirror else None
         self.strategy = strategy
         self.codec = codec
+        #: A preprocessor (encoded by :func:`sgd.checkpoint.preprocessor.encode_preprocessor`) kept
+        #: in every checkpoint written from now on, unless the checkpoint has one already.
+        self.preprocessor: Optional[bytes] = None
         self.latest_id = start_id
         self.latest_state: Optional[Dict[str, Any]] = None
         self.latest_iteration = 0
@@ -307,8 +311,12 @@ class CheckpointManager:
                 meta["metrics"] = json_safe(metrics)
             if written is None:
                 assert state is not None
+                if self.preprocessor is not None and PREPROCESSOR_KEY not in state:
+                    state = {**state, PREPROCESSOR_KEY: self.preprocessor}
                 write_dict_dir(state, tmp, self.codec, extra_meta=meta, hook=self.hook)
             else:
+                if self.preprocessor is not None:
+                    write_files({PREPROCESSOR_FILE: self.preprocessor}, tmp, overwrite=False)
                 _update_metadata(tmp, meta)
             _fsync_dir(tmp)
             if final.exists():  # left by an earlier attempt of a resumed run
