@@ -277,3 +277,43 @@ def test_a_preprocessor_that_fails_to_fit_names_the_dataset_and_column(ray_clust
     pickle.loads(pickle.dumps(result.error))
     with pytest.raises(TypeError, match="preprocessor must be"):
         DataParallelTrainer(lambda: None, preprocessor=object())
+
+
+def test_dataset_config_air_fields_resolve_and_merge_without_ray():
+    assert DatasetConfig(global_shuffle=True).resolved().shuffle is True
+    assert DatasetConfig(randomize_block_order=True).resolved().shuffle is True
+    assert DatasetConfig(randomize_block_order=False).resolved().shuffle is False
+    assert DatasetConfig(max_object_store_memory_fraction=-1).resolved().streaming is False
+    assert DatasetConfig(max_object_store_memory_fraction=0.2).resolved().streaming is True
+    assert DatasetConfig().resolved().split is True and DatasetConfig().resolved(split=False).split is False
+    base = DatasetConfig(split=False, fit=False, transform=True)
+    merged = DatasetConfig(shuffle=True).merged(base)
+    assert (merged.split, merged.fit, merged.shuffle) == (False, False, True)  # unset fields keep the base's
+
+    # The trainer's rules: "train" split and fitted, the others whole; "*" applies to every dataset.
+    trainer = DataParallelTrainer(lambda: None, datasets={"train": [1], "val": [2], "test": [3]},
+                                  dataset_config={"*": DatasetConfig(transform=False),
+                                                  "test": DatasetConfig(split=True)})
+    configs = trainer.dataset_configs()
+    assert {n: (c.split, bool(c.fit), c.transform) for n, c in configs.items()} == {
+        "train": (True, True, False), "val": (False, False, False), "test": (True, False, False)}
+    with pytest.raises(ValueError, match="split="):
+        DatasetConfig(split="sometimes")
+    with pytest.raises(TypeError, match="sgd.DatasetConfig"):
+        DataParallelTrainer(lambda: None, dataset_config={"train": {"split": True}})
+
+
+def test_per_epoch_preprocessor_applies_to_every_epoch(ray_cluster, tmp_path):
+    from ray.data.preprocessors import Concatenator
+
+    def loop():
+        shard = sgd.get_dataset_shard("train")
+        for epoch in range(2):
+            rows = list(shard.iter_rows())
+            sgd.report({"epoch": epoch, "columns": sorted(rows[0]), "rows": len(rows)})
+
+    per_epoch = Concatenator(columns=["a", "b"], output_column_name="x")
+    result = _fit(loop, tmp_path, datasets={"train": ray.data.from_items([{"a": 1.0, "b": 2.0}] * 4)},
+                  dataset_config={"train": DatasetConfig(per_epoch_preprocessor=per_epoch)})
+    assert result.error is None, result.error
+    assert [(r["columns"], r["rows"]) for r in result.metrics_dataframe.to_dict("records")] == [(["x"], 2)] * 2
