@@ -9,10 +9,12 @@ from typing import Any
 
 from sgd_xgboost.checkpoints import load_lightgbm_model, load_xgboost_model
 from sgd_xgboost.config import LightGBMConfig, XGBoostConfig, get_network_params
-from sgd_xgboost.data import to_dmatrix, to_lgb_dataset, to_quantile_dmatrix
 from sgd_xgboost.trainer import LightGBMTrainer, XGBoostTrainer
 
-_LAZY = {"XGBoostReportCallback": "xgboost_callback", "LightGBMReportCallback": "lightgbm_callback"}
+# Plugin discovery imports this package in every sgd process (the `sgd` CLI too): the callbacks
+# (XGBoost, LightGBM) and the data helpers (numpy) load on first use.
+_LAZY = {"XGBoostReportCallback": "xgboost_callback", "LightGBMReportCallback": "lightgbm_callback",
+         "to_dmatrix": "data", "to_lgb_dataset": "data", "to_quantile_dmatrix": "data"}
 
 __version__ = "0.1.0"
 __all__ = [
@@ -23,9 +25,6 @@ __all__ = [
     "get_network_params",
     "load_lightgbm_model",
     "load_xgboost_model",
-    "to_dmatrix",
-    "to_lgb_dataset",
-    "to_quantile_dmatrix",
     *sorted(_LAZY),
 ]
 

@@ -23,7 +23,6 @@ from sgd.data import DatasetConfig
 from sgd_xgboost import _params
 from sgd_xgboost.checkpoints import load_lightgbm_model, load_xgboost_model
 from sgd_xgboost.config import LightGBMConfig, XGBoostConfig
-from sgd_xgboost.data import columns_of, label_error
 
 __all__ = ["XGBoostTrainer", "LightGBMTrainer"]
 
@@ -34,6 +33,14 @@ DEFAULT_ROUNDS = 10
 class _BoostingTrainer(DataParallelTrainer):
     _framework = ""
     _config_arg = ""
+
+    def check_settings(self) -> None:
+        """The older shape (``params=``) runs its own boosting loop and honours
+        ``CheckpointConfig(checkpoint_frequency=, checkpoint_at_end=)``; with your own
+        ``train_loop_per_worker``, your loop checkpoints, and the fields are refused at ``fit()``
+        as for any :class:`~sgd.air.DataParallelTrainer`."""
+        if not self._legacy:
+            super().check_settings()
 
     def __init__(
         self,
@@ -105,6 +112,8 @@ class _BoostingTrainer(DataParallelTrainer):
         for key, data in datasets.items():
             columns = _cheap_columns(data)
             if columns is not None and label_column not in columns:
+                from sgd_xgboost.data import label_error  # numpy: not when the plugin is discovered
+
                 raise label_error(label_column, columns, f"dataset {key!r}")
         unknown = sorted(set(dmatrix_params or {}) - set(datasets))
         if unknown:
@@ -155,6 +164,8 @@ def _in_memory(data: Any) -> bool:
 
 def _cheap_columns(data: Any) -> Optional[List[Any]]:
     """The columns of ``data`` when knowing them costs no pass over it."""
+    from sgd_xgboost.data import columns_of  # numpy: not when the plugin is discovered
+
     try:
         return columns_of(data)
     except Exception:

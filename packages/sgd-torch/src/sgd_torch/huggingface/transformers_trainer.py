@@ -45,9 +45,17 @@ class TransformersTrainer(TorchTrainer):
         themselves for datasets that are not Ray Datasets, ``None`` for names not passed.
     :param trainer_init_config: keyword arguments for ``trainer_init_per_worker`` (it is
         the run's config: it appears in the run's logs).
-    :param datasets: ``{"train": ..., "evaluation": ...}`` (either may be left out).
+    :param datasets: ``{"train": ..., "evaluation": ...}`` (either may be left out). Both are
+        split among the workers (each evaluates its own part), as Ray AIR's
+        ``HuggingFaceTrainer`` did; other names go whole to every worker.
     Other arguments as :class:`sgd_torch.TorchTrainer`.
     """
+
+    #: Ray AIR's HuggingFaceTrainer rules: "evaluation" is split too.
+    _dataset_config = {
+        **TorchTrainer._dataset_config,
+        "evaluation": DatasetConfig(split=True, fit=False, transform=True),
+    }
 
     def __init__(
         self,
