@@ -36,6 +36,7 @@ from sgd.backend import (
     on_worker_run_error,
     remove_worker_run,
 )
+from sgd.errors import PicklableError
 
 if TYPE_CHECKING:
     from sgd.backend import Workers
@@ -111,7 +112,7 @@ _lock = threading.Lock()
 _comm_args: Optional[Dict[str, Any]] = None
 
 
-class XGBoostPeerError(ConnectionError):
+class XGBoostPeerError(PicklableError, ConnectionError):
     """A collective call of XGBoost failed on this worker because another worker stopped (its
     error was signalled, or its process died). The message says "connection closed by peer",
     which sgd reads as the echo of another worker's failure: the driver then reports that
