@@ -18,6 +18,7 @@ from sgd.callbacks import TrainingCallback
 from sgd.checkpoint import Checkpoint, CheckpointStrategy
 from sgd.checkpoint.format import SHARDED_KEY, is_sharded
 from sgd.checkpoint.manager import CheckpointManager
+from sgd.checkpoint.preprocessor import encode_preprocessor
 from sgd.checkpoint.storage import is_uri, storage_for
 from sgd.data import DatasetConfig
 from sgd.group.actors import ActorGroup
@@ -464,8 +465,6 @@ class Trainer:
             self._manager = CheckpointManager(run.checkpoint_dir, strategy, codec, mirror=self._mirror_for(run.path),
                                               hook=self.plugin_manager)
         if preprocessor is not None:
-            from sgd.checkpoint.preprocessor import encode_preprocessor
-
             self._manager.preprocessor = encode_preprocessor(preprocessor)
         trial = self.trial_info or {}
         # The run's config and trial are kept with it for Result.metrics (Ray Train's "config", "trial_id").

@@ -24,7 +24,7 @@ from typing import Any, Dict, Iterator, Optional, Tuple, Union
 
 from sgd.checkpoint import integrity
 from sgd.checkpoint.codecs import TRUST_ENV, get_codec, resolve_trusted, untrusted_error
-from sgd.checkpoint.preprocessor import PREPROCESSOR_FILE, PREPROCESSOR_KEY
+from sgd.checkpoint.preprocessor import PREPROCESSOR_FILE, PREPROCESSOR_KEY, decode_preprocessor
 from sgd.checkpoint.storage import is_uri, storage_for
 from sgd.errors import CheckpointError, CheckpointIntegrityError, UntrustedCheckpointError
 
@@ -212,8 +212,6 @@ class Checkpoint:
         pickled and loads only with ``trusted=True`` (or the checkpoint's own ``trusted``, or
         ``SGD_TRUST_CHECKPOINTS=1``): :class:`UntrustedCheckpointError` otherwise.
         """
-        from sgd.checkpoint.preprocessor import decode_preprocessor
-
         trust = self.trusted if trusted is None else trusted
         if self._data is not None:
             kept = self._data.get(PREPROCESSOR_KEY)
