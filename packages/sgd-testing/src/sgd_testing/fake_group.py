@@ -27,7 +27,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
 from sgd.errors import WorkerDiedError
 from sgd.group.protocol import RunRequest
-from sgd.group.status import HEALTHY, Health, NodeInfo, Poll, PollKind, checkpoint_round, report_round
+from sgd.group.status import HEALTHY, Health, NodeInfo, Poll, checkpoint_round, report_round
 
 
 @dataclass
@@ -180,8 +180,7 @@ class FakeGroup:
             if kind == "fail":
                 return Poll.failed(event[1])
             if kind == "finish":
-                returns = event[1] if event[1] is not None else [None] * self.num_workers
-                return Poll(PollKind.FINISHED, returns=returns)
+                return Poll.finished(event[1] if event[1] is not None else [None] * self.num_workers)
             self._progress = [p + 1 for p in self._progress]
             self._last_progress = time.monotonic()
             if kind == "save":
