@@ -117,7 +117,11 @@ def prepare_model(
         model = model.to(device)
     if _amp()[0]:
         _autocast_forward(model, device)
-    if parallel_strategy is None or _world_size() <= 1:
+    if parallel_strategy is None:
+        return model
+    if _world_size() <= 1:
+        if parallel_strategy == "ddp":
+            model._sgd_ddp_kwargs = dict(kwargs)  # wrapped by sgd_torch.elastic.TorchState once the group grows
         return model
     if parallel_strategy == "fsdp":
         return _fully_shard(model, kwargs)
@@ -131,7 +135,9 @@ def prepare_model(
     if device.type == "cuda":
         kwargs.setdefault("device_ids", [device.index])
         kwargs.setdefault("output_device", device.index)
-    return DistributedDataParallel(model, **kwargs)
+    ddp = DistributedDataParallel(model, **kwargs)
+    ddp._sgd_ddp_kwargs = dict(kwargs)  # sgd_torch.elastic.TorchState wraps the module again after a reset
+    return ddp
 
 
 def shard_units(model: torch.nn.Module) -> List[torch.nn.Module]:

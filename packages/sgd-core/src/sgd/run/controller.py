@@ -40,11 +40,22 @@ from sgd.checkpoint.manager import CheckpointManager
 from sgd.data import DatasetConfig
 from sgd.errors import ResourcesUnavailableError
 from sgd.group.protocol import RunGroup, RunRequest
-from sgd.group.status import Poll, PollKind
+from sgd.group.status import Barrier, Poll, PollKind
 from sgd.run.delivery import Delivery
 from sgd.run.health import STACKS_CHECK_INTERVAL_S, answer_stacks_request, hang_error
 from sgd.run.policies import ClusterView, Failure, FailurePolicy, Raise, Resize, ScalingPolicy, Wait
-from sgd.run.states import _ENDED, Ended, Failing, Resizing, Restarting, Running, RunState, Starting, State
+from sgd.run.states import (
+    _ENDED,
+    Ended,
+    Failing,
+    Reforming,
+    Resizing,
+    Restarting,
+    Running,
+    RunState,
+    Starting,
+    State,
+)
 
 logger = logging.getLogger("sgd")
 
@@ -246,6 +257,20 @@ class ActiveRun:
         else:
             self._to(Restarting(failure, decision.attempt))
 
+    def _reset(self, barrier: Barrier) -> None:
+        """Every worker left waits at the reset barrier (sgd.elastic): after a loss the failure
+        policy decides (an in-place recovery counts against ``max_retries``); a sync re-forms
+        at once."""
+        failure = barrier.failure
+        if failure is None:
+            self._to(Reforming(barrier, 0))
+            return
+        decision = self._controller.failures.decide(Failure(failure, "training"))
+        if isinstance(decision, Raise):
+            self._to(Failing(decision.error))
+        else:
+            self._to(Reforming(barrier, decision.attempt))
+
     def _recover(self, error: Optional[BaseException], resize: Optional[Resize] = None) -> None:
         """Replace the group (after ``error``, or placed anew by ``resize``) and start the run
         again from the latest checkpoint; a failure on the way is decided like any other."""
@@ -352,6 +377,15 @@ class ActiveRun:
             self._fail(state.error, "starting the run")
         elif isinstance(state, Restarting):
             self._recover(state.failure.error)
+        elif isinstance(state, Reforming):
+            failed = self._group.reform(state.barrier, self._delivery.delivered_iteration)
+            if failed is None:
+                self._to(Running())
+            else:
+                # Not counted again: the same loss, now recovered the old way.
+                logger.warning("re-forming the group in place failed (%s); restarting every worker from the "
+                               "latest checkpoint", failed)
+                self._recover(failed)
         elif isinstance(state, Resizing):
             logger.warning("%s; restarting %d workers from the latest checkpoint (not a failure)",
                            state.resize.reason, state.resize.num_workers)
@@ -373,6 +407,10 @@ class ActiveRun:
             elif poll.kind in (PollKind.ERROR, PollKind.DIED):
                 assert poll.error is not None
                 self._fail(poll.error, "training")
+                return None
+            elif poll.kind is PollKind.RESET:
+                assert poll.barrier is not None
+                self._reset(poll.barrier)
                 return None
             else:
                 results = None
