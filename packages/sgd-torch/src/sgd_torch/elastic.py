@@ -123,7 +123,7 @@ class TorchState(State):
             self._ddp_kwargs = dict(getattr(model, "_sgd_ddp_kwargs", {}))
             self.model = model.module
         elif model is not None and hasattr(model, "_sgd_ddp_kwargs"):
-            self._ddp_kwargs = dict(model._sgd_ddp_kwargs)
+            self._ddp_kwargs = dict(model._sgd_ddp_kwargs)  # type: ignore[arg-type]
 
     def _after_reset(self) -> None:
         import torch.distributed as dist
@@ -134,10 +134,10 @@ class TorchState(State):
             # Built on the new process group (its constructor broadcasts rank 0's parameters,
             # which the restore then overwrites with the commit).
             wrapped = torch.nn.parallel.DistributedDataParallel(self.model, **self._ddp_kwargs)
-            wrapped._sgd_ddp_kwargs = dict(self._ddp_kwargs)
+            setattr(wrapped, "_sgd_ddp_kwargs", dict(self._ddp_kwargs))  # noqa: B010
             self.model = wrapped
         else:
-            self.model._sgd_ddp_kwargs = dict(self._ddp_kwargs)
+            setattr(self.model, "_sgd_ddp_kwargs", dict(self._ddp_kwargs))  # noqa: B010
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:

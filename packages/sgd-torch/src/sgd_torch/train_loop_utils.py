@@ -121,7 +121,8 @@ def prepare_model(
         return model
     if _world_size() <= 1:
         if parallel_strategy == "ddp":
-            model._sgd_ddp_kwargs = dict(kwargs)  # wrapped by sgd_torch.elastic.TorchState once the group grows
+            # sgd_torch.elastic.TorchState wraps it once the group grows
+            setattr(model, "_sgd_ddp_kwargs", dict(kwargs))  # noqa: B010 (nn.Module's typed __setattr__)
         return model
     if parallel_strategy == "fsdp":
         return _fully_shard(model, kwargs)
@@ -136,7 +137,8 @@ def prepare_model(
         kwargs.setdefault("device_ids", [device.index])
         kwargs.setdefault("output_device", device.index)
     ddp = DistributedDataParallel(model, **kwargs)
-    ddp._sgd_ddp_kwargs = dict(kwargs)  # sgd_torch.elastic.TorchState wraps the module again after a reset
+    # sgd_torch.elastic.TorchState wraps the module again after a reset
+    setattr(ddp, "_sgd_ddp_kwargs", dict(kwargs))  # noqa: B010 (nn.Module's typed __setattr__)
     return ddp
 
 
