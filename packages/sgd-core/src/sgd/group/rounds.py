@@ -215,8 +215,12 @@ class RoundCollector:
                 return self._next_in_reset()  # rank 0's state is lost with it: no checkpoint to keep
             return decode_round(kind, [d for _, d in items])
         if all(i in out for i in range(n)) and not live_items:
-            if not self._arrived:
-                raise next(iter(self._gone.values()))  # every worker is gone: nothing to re-form
+            if not self._arrived:  # every worker is gone: nothing to re-form
+                first = next(iter(self._gone.values()))
+                lost = WorkerDiedError(f"every worker of the group was lost (the first: {first})", -1)
+                lost.lost_every_worker = True  # type: ignore[attr-defined]
+                lost.__cause__ = first
+                raise lost
             for i in self._gone:
                 self._pending[i].clear()
             return Barrier(dict(self._arrived), dict(self._gone))

@@ -38,7 +38,7 @@ from sgd.callbacks import TrainingCallback
 from sgd.checkpoint import SHARDED_KEY, CheckpointStrategy
 from sgd.checkpoint.manager import CheckpointManager
 from sgd.data import DatasetConfig
-from sgd.errors import ResourcesUnavailableError
+from sgd.errors import ResourcesUnavailableError, TrainingFailedError
 from sgd.group.protocol import RunGroup, RunRequest
 from sgd.group.status import Barrier, Poll, PollKind
 from sgd.run.delivery import Delivery
@@ -274,6 +274,17 @@ class ActiveRun:
     def _recover(self, error: Optional[BaseException], resize: Optional[Resize] = None) -> None:
         """Replace the group (after ``error``, or placed anew by ``resize``) and start the run
         again from the latest checkpoint; a failure on the way is decided like any other."""
+        if (getattr(error, "lost_every_worker", False) and self._spec.checkpoint is None
+                and self._manager.restorable() is None):
+            # A run that recovers in place (sgd.elastic) keeps its state in the workers' memory:
+            # with all of them gone and no checkpoint, starting over would silently lose it all.
+            given_up = TrainingFailedError(
+                f"{error}; the run kept its state in the workers' memory (sgd.elastic) and saved no checkpoint "
+                "to restart from. Report a checkpoint from time to time (sgd.report(metrics, checkpoint=...)) so "
+                "that losing every worker at once resumes from it.")
+            given_up.__cause__ = error
+            self._to(Failing(given_up))
+            return
         failed = self._group.restart(error, size=resize.num_workers if resize is not None else None,
                                      move=resize is not None)
         if isinstance(failed, ResourcesUnavailableError):
@@ -385,7 +396,7 @@ class ActiveRun:
                 # Not counted again: the same loss, now recovered the old way.
                 logger.warning("re-forming the group in place failed (%s); restarting every worker from the "
                                "latest checkpoint", failed)
-                self._recover(failed)
+                self._to(Restarting(Failure(failed, "re-forming the group in place"), state.attempt))
         elif isinstance(state, Resizing):
             logger.warning("%s; restarting %d workers from the latest checkpoint (not a failure)",
                            state.resize.reason, state.resize.num_workers)
