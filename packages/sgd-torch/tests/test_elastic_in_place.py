@@ -226,3 +226,69 @@ def test_elastic_run_with_a_process_group_the_code_owns_says_what_is_missing(ray
             trainer.run(train_func)
     finally:
         trainer.shutdown()
+
+
+def _until_grown(config):
+    import time
+
+    import torch.distributed as dist
+
+    from sgd_torch import elastic
+
+    state = elastic.ObjectState(step=0, grown=0)
+    deadline = time.monotonic() + config["timeout_s"]
+
+    @elastic.run
+    def train(state):
+        while state.grown < 3 and time.monotonic() < deadline:
+            state.step += 1
+            dist.all_reduce(torch.ones(1))
+            if sgd.world_size() == 3:
+                state.grown += 1
+            state.commit()
+            sgd.report(step=state.step, pid=os.getpid(), world=sgd.world_size())
+            time.sleep(0.02)  # pace the steps (not a synchronisation): a real step takes time
+
+    return train(state)
+
+
+def test_an_elastic_group_grows_in_place_when_room_returns(ray_cluster, monkeypatch):
+    import ray
+
+    from sgd.run import controller
+
+    monkeypatch.setattr(controller, "GROW_CHECK_INTERVAL_S", 0.2)
+
+    @ray.remote(num_cpus=2)
+    class Blocker:
+        def ready(self):
+            return True
+
+    from sgd_testing import wait_for
+
+    wait_for(lambda: ray.available_resources().get("CPU", 0) >= 4, timeout=30)
+    blocker = Blocker.remote()
+    ray.get(blocker.ready.remote())  # 2 of the 4 CPUs taken: the group starts with 2 workers
+
+    class FreeRoom(sgd.TrainingCallback):
+        def __init__(self):
+            self.results = []
+
+        def handle_result(self, results, **info):
+            self.results.append(results)
+            if results[0]["step"] == 3:
+                ray.kill(blocker)
+
+    trainer = sgd.Trainer(backend="torch", num_workers=(2, 3), max_retries=0)
+    trainer.start()
+    try:
+        free = FreeRoom()
+        trainer.run(_until_grown, config={"timeout_s": 60}, callbacks=[free])
+    finally:
+        trainer.shutdown()
+    worlds = [r[0]["world"] for r in free.results]
+    assert worlds[0] == 2 and worlds[-1] == 3, worlds
+    assert worlds == sorted(worlds), "grown once, never shrunk"
+    assert [r[0]["step"] for r in free.results] == list(range(1, len(free.results) + 1))
+    first = {r["pid"] for r in free.results[0]}
+    assert first < {r["pid"] for r in free.results[-1]}, "the two first workers kept their processes"

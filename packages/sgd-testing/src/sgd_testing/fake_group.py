@@ -62,7 +62,8 @@ class FakeGroup:
         #: what the workers do, per run attempt; consumed by :meth:`poll`
         self._events: Deque[Any] = deque()
         self._outcomes: Dict[str, Deque[Optional[BaseException]]] = {"start": deque(), "begin": deque(),
-                                                                       "restart": deque(), "reform": deque()}
+                                                                       "restart": deque(), "reform": deque(),
+                                                                       "grow": deque()}
         self._iteration = 0
         self._progress = [0] * num_workers
         self._last_progress = time.monotonic()
@@ -74,6 +75,8 @@ class FakeGroup:
         self.started = False
         #: the requests the run's starts got (the checkpoint and iteration each began from)
         self.requests: List[RunRequest] = []
+        #: what :attr:`recovers_in_place` says (the run is in ``sgd.elastic.run``)
+        self.in_place = False
 
     # --- scripting -------------------------------------------------------------------------
 
@@ -240,6 +243,13 @@ class FakeGroup:
         if failed is None and self.min_workers != self.max_workers:
             self.num_workers = max(self.min_workers, len(barrier.arrivals))
         return failed
+
+    @property
+    def recovers_in_place(self) -> bool:
+        return self.in_place
+
+    def grow(self, count: int) -> Optional[BaseException]:
+        return self._record("grow", count=count)
 
     def stacks(self, timeout_s: float = 10.0, include_idle: bool = False) -> List[str]:
         return [f"rank {i}: (a fake worker)\n" for i in range(self.num_workers)]

@@ -20,6 +20,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Set
 
 import ray
+from ray.util.placement_group import remove_placement_group
 
 from sgd._common.nodes import NODE_CHECK_INTERVAL_S, NodeInfo, NodeWatch
 from sgd._common.protocol import DirectWrite
@@ -99,6 +100,8 @@ class ActorGroup:
         self._run_info: Dict[str, Any] = {}
         self._direct: Optional[DirectWrite] = None
         self._reforms = False
+        # Workers started to grow the current in-place run, not yet in the group (slots, actors, metadata).
+        self._joining: Optional[tuple] = None
 
     @property
     def needs_restart(self) -> bool:
@@ -395,6 +398,44 @@ class ActorGroup:
 
     # --- in-place recovery (sgd.elastic) -------------------------------------------------------
 
+    @property
+    def recovers_in_place(self) -> bool:
+        """Whether the current run announced ``sgd.elastic.run`` (a loss, or growth, re-forms
+        the group in place)."""
+        return self._rounds is not None and self._rounds.elastic and self._reforms
+
+    def grow(self, count: int) -> Optional[BaseException]:
+        """Start ``count`` more workers for the current in-place run, while it goes on; they
+        join at its next reset, which is asked for now (the runs come to the barrier at their
+        next commit or report). The failure to place or start them, or ``None``."""
+        wg = self.worker_group
+        assert wg is not None and self._rounds is not None
+        if self._joining is not None:
+            return None
+        timeout = wg._placement_timeout_s
+        wg._avoid_nodes = frozenset(self.nodes.avoid())
+        wg._placement_timeout_s = ELASTIC_ATTEMPT_S  # there was room a moment ago; else try again later
+        try:
+            with deaths_as_errors(None, "starting workers to grow the group"):
+                slots = wg._reserve(count, first=False)
+                try:
+                    actors, metadata = wg._launch(slots)
+                    if self._initialization_hook is not None:
+                        ray.get([a._sgd_execute.remote(self._initialization_hook, (), {}) for a in actors])
+                except BaseException:
+                    wg._own_pgs = [pg for pg in wg._own_pgs if all(pg is not s[0] for s in slots)]
+                    for pg in {id(s[0]): s[0] for s in slots}.values():
+                        remove_placement_group(pg)
+                    raise
+        except Exception as exc:
+            return exc
+        finally:
+            wg._placement_timeout_s = timeout
+        self._joining = (slots, actors, metadata)
+        logger.info("elastic: %d new worker(s) started; they join at the run's next commit", count)
+        self._rounds.request_reset()
+        return None
+
     def reform(self, barrier: Barrier, iteration: int) -> Optional[BaseException]:
         """Re-form the group in place around the workers waiting at ``barrier``: leave out the
         ones gone, add new ones where the group needs them (a fixed size, or below its min),
@@ -437,6 +478,15 @@ class ActorGroup:
 
     def _end_rounds(self) -> None:
         self._rounds = None
+        if self._joining is not None and self.worker_group is not None:
+            # Started to grow a run that ended first: not part of the group.
+            slots, actors, _ = self._joining
+            for a in actors:
+                ray.kill(a, no_restart=True)
+            for pg in {id(s[0]): s[0] for s in slots if s[0] in self.worker_group._own_pgs}.values():
+                self.worker_group._own_pgs.remove(pg)
+                remove_placement_group(pg)
+        self._joining = None
         self._health, self._next_health_check = HEALTHY, 0.0
 
     def end(self, ok: bool, error: Optional[BaseException] = None) -> None:

@@ -119,6 +119,13 @@ class InProcessGroup:
     def reform(self, barrier: Barrier, iteration: int) -> Optional[BaseException]:
         return RuntimeError("local mode (num_workers=0) has no group to re-form")
 
+    @property
+    def recovers_in_place(self) -> bool:
+        return False
+
+    def grow(self, count: int) -> Optional[BaseException]:
+        return RuntimeError("local mode (num_workers=0) has one worker: it cannot grow")
+
     def stacks(self, timeout_s: float = 10.0, include_idle: bool = False) -> List[str]:
         return [thread_stacks(0, include_idle)]  # this process: the training thread is one of its own
 

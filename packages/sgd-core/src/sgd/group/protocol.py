@@ -107,6 +107,15 @@ class RunGroup(Protocol):
         failure to do so (the controller then restarts every worker), or ``None``. A group
         that never polls ``RESET`` may return a failure."""
 
+    @property
+    def recovers_in_place(self) -> bool:
+        """Whether the current run recovers in place (it entered ``sgd.elastic.run`` and the
+        backend can re-form the group): a loss or growth then re-forms it (:meth:`reform`)."""
+
+    def grow(self, count: int) -> Optional[BaseException]:
+        """Start ``count`` more workers for the current in-place run; they join at its next
+        reset, which the group asks for (a ``RESET`` poll follows). The failure, or ``None``."""
+
     def stacks(self, timeout_s: float = 10.0, include_idle: bool = False) -> List[str]:
         """Every worker's Python stacks, one string per worker in rank order."""
 

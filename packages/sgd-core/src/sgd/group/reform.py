@@ -50,12 +50,20 @@ def reform_in_place(group: Any, barrier: Barrier, iteration: int) -> None:
         logger.warning("re-forming the group in place without %s; %d survivor(s) keep their processes",
                        where, len(survivors))
         wg._remove(gone)
-    target = group.max_workers if group.min_workers == group.max_workers else max(group.min_workers, len(survivors))
     new: List[int] = []
-    if target > len(survivors):
-        wg._avoid_nodes = group.nodes.avoid()
-        wg._add(target - len(survivors))
+    if group._joining is not None:  # started to grow the group: they join now
+        slots, actors, metadata = group._joining
+        group._joining = None
+        wg._slots += slots
+        wg._set_order(wg.workers + actors, wg.metadata + metadata)
         new = list(range(len(survivors), len(wg)))
+        logger.info("re-forming: %d new worker(s) join (ranks %s)", len(new), new)
+    target = group.max_workers if group.min_workers == group.max_workers else max(group.min_workers, len(survivors))
+    if target > len(wg):
+        wg._avoid_nodes = frozenset(group.nodes.avoid())
+        first = len(wg)
+        wg._add(target - first)
+        new += list(range(first, len(wg)))
         logger.info("re-forming: %d new worker(s) join (ranks %s)", len(new), new)
     group.num_workers = len(wg)
     changed = bool(gone) or bool(new)
@@ -71,7 +79,8 @@ def reform_in_place(group: Any, barrier: Barrier, iteration: int) -> None:
     request = group._request
     assert request is not None
     shards: Optional[List[Any]] = group._inputs.shards(request, wg) if changed else None
-    why = (f"{len(gone)} worker(s) lost" if gone else "a collective failed" if failed else "sync")
+    why = (f"{len(gone)} worker(s) lost" if gone else "a collective failed" if failed
+           else f"{len(new)} worker(s) joined" if new else "sync")
     calls = []
     for r in range(len(survivors)):
         plan = Resume(context=wg.contexts[r] if changed else None, load=r in loaders, commits=root_commits,

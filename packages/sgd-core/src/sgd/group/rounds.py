@@ -129,6 +129,7 @@ class RoundCollector:
         self._interrupts: Dict[ray.ObjectRef, Tuple[int, float]] = {}
         self._interrupted_hard = False
         self._reset_deadline: Optional[float] = None
+        self._growing = False
 
     def poll(self, timeout_s: float) -> Poll:
         """The next round, the end, a failure, or idle when nothing came within ``timeout_s``.
@@ -223,7 +224,7 @@ class RoundCollector:
                 raise lost
             for i in self._gone:
                 self._pending[i].clear()
-            return Barrier(dict(self._arrived), dict(self._gone))
+            return Barrier(dict(self._arrived), dict(self._gone), grew=self._growing)
         return None
 
     def _poll_live(self) -> None:
@@ -246,6 +247,12 @@ class RoundCollector:
         for i, w in enumerate(self._workers):
             if i not in self._gone and i not in self._arrived and not self._done[i]:
                 self._interrupts[w._sgd_elastic_interrupt.remote(hard)] = (i, now)
+
+    def request_reset(self) -> None:
+        """Ask every worker to come to the barrier at its next commit or report (new workers
+        are waiting to join: not a failure)."""
+        self._growing = True
+        self._begin_reset(hard=False)
 
     def _lose(self, i: int, error: BaseException) -> None:
         """Worker ``i`` is out of the group (dead, or stopped for not answering)."""
@@ -284,7 +291,12 @@ class RoundCollector:
         self._polling.discard(i)
         for ref in [r for r, (j, _) in self._interrupts.items() if j == i]:
             del self._interrupts[ref]
-        self._begin_reset(hard=arrival.failed)
+        if arrival.failed or self._growing:
+            # After a failure, or once the first worker waits for new ones to join: the others
+            # may be blocked in a collective the waiting ones will not join; fail it now.
+            self._begin_reset(hard=True)
+        elif self._reset_deadline is None:
+            self._reset_deadline = time.monotonic() + RESET_TIMEOUT_S  # a sync: everyone comes by itself
 
     def _wait(self, timeout: float) -> List[Any]:
         """The calls that returned: every one that has (one ``ray.wait`` for all of them, so

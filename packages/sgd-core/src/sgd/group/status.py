@@ -78,10 +78,14 @@ class Barrier:
         last item it sent, why it is there): :class:`sgd._worker.resets.Arrival`.
     :ivar gone: by worker index, why a worker is out of the group (its death, or it did not
         come to the barrier in time and was stopped).
+    :ivar grew: see below.
     """
 
     arrivals: Dict[int, Any]
     gone: Dict[int, BaseException] = field(default_factory=dict)
+    #: the reset was asked for because new workers wait to join (a collective failed by its
+    #: interrupt is then not a failure)
+    grew: bool = False
 
     @property
     def failure(self) -> Optional[BaseException]:
@@ -89,7 +93,7 @@ class Barrier:
         if self.gone:
             return next(iter(self.gone.values()))
         failed = [f"rank {i}: {a.reason}" for i, a in sorted(self.arrivals.items()) if a.failed]
-        if failed:
+        if failed and not self.grew:
             return WorkerDiedError("a collective failed on every worker with none lost (" + "; ".join(failed)
                                    + "); re-forming the group", -1)
         return None

@@ -326,6 +326,7 @@ class ActiveRun:
             self._fail(health.lost, "training")
             return
         if not health.draining:
+            self._grow_in_place(now)
             return
         if self._drain is None:
             self._drain = dict(health.draining)
@@ -337,13 +338,28 @@ class ActiveRun:
             if isinstance(decision, Resize):
                 self._resize = decision
 
+    def _grow_in_place(self, now: float) -> None:
+        """A run that recovers in place (sgd.elastic) grows without a restart: when an elastic
+        group below its max finds room (looked for at most every ``GROW_CHECK_INTERVAL_S``), the
+        new workers start while training goes on and join at the next commit."""
+        group, scaling = self._group, self._controller.scaling
+        if (not scaling.elastic or group.num_workers >= scaling.max_workers or now < self._next_grow_check
+                or not group.recovers_in_place):
+            return
+        self._next_grow_check = now + GROW_CHECK_INTERVAL_S
+        decision = scaling.decide(ClusterView(group.room()), group.num_workers)
+        if isinstance(decision, Resize) and decision.num_workers > group.num_workers:
+            failed = group.grow(decision.num_workers - group.num_workers)
+            if failed is not None:
+                logger.info("elastic: could not grow the group now (%s); trying again later", failed)
+
     def _after_checkpoint(self) -> None:
         """A checkpoint was just committed (the workers wait for its acknowledgement): ask the
         scaling policy whether to leave a draining host or grow an elastic group. A resize is
         carried out before the next round."""
         group, scaling = self._group, self._controller.scaling
         if self._drain is None:
-            if not scaling.elastic or group.num_workers >= scaling.max_workers:
+            if not scaling.elastic or group.num_workers >= scaling.max_workers or group.recovers_in_place:
                 return  # nothing could change: no need to read the cluster
             now = time.monotonic()
             if now < self._next_grow_check:
