@@ -1,0 +1,394 @@
+"""``DataParallelTrainer``: an AIR-style trainer, ``fit() -> Result``, over :class:`sgd.Trainer`.
+
+``fit()`` builds a trainer from the configs, runs ``train_loop_per_worker`` through the same run
+engine (same fault tolerance, checkpoints, run directory) and turns the run directory into a
+:class:`sgd.Result`. It keeps itself in the run directory, so that ``restore(path)`` can go on.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+from pathlib import Path
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Type, Union
+
+from sgd._common.public import public_module
+from sgd._internal import saved_trainer
+from sgd.air.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from sgd.air.preprocessing import fit_preprocessor, is_preprocessor, needs_fit
+from sgd.air.result import Result
+from sgd.air.saved import SAVED_CONFIGS, backend_name, config_of_backend, subclasses
+from sgd.air.tune_callbacks import TuneCallbacks
+from sgd.backend import BackendConfig
+from sgd.callbacks import TrainingCallback
+from sgd.checkpoint import Checkpoint
+from sgd.checkpoint.storage import is_uri
+from sgd.data import DatasetConfig
+from sgd.plugins import get_plugin_manager
+from sgd.trainer import Trainer
+from sgd.utils import results_root, wrap_train_func
+
+logger = logging.getLogger("sgd")
+
+
+@public_module("sgd.air")
+class DataParallelTrainer:
+    """Runs ``train_loop_per_worker`` on ``scaling_config.num_workers`` workers; ``fit()`` → :class:`Result`.
+
+    :param train_loop_per_worker: the training function: no argument, or one (the config).
+    :param train_loop_config: passed to ``train_loop_per_worker``.
+    :param backend_config: the framework backend (default: none, plain processes).
+    :param scaling_config: :class:`ScalingConfig`.
+    :param run_config: :class:`RunConfig`.
+    :param datasets: Ray Datasets by name; ``sgd.get_dataset_shard(name)`` in the loop.
+    :param dataset_config: :class:`sgd.DatasetConfig` by dataset name (split or whole, shuffle).
+    :param resume_from_checkpoint: an :class:`sgd.Checkpoint` (or path) the loop starts from
+        (``sgd.get_checkpoint()``).
+    :param preprocessor: a Ray Data preprocessor (``ray.data.preprocessors``), as in Ray AIR:
+        fitted on the ``"train"`` dataset (unless already fitted), applied to every dataset
+        before it reaches the workers, and kept in every checkpoint of the run
+        (``checkpoint.get_preprocessor()``).
+    :param metadata: accepted for Ray Train compatibility, kept as ``self.metadata``.
+
+    Datasets follow Ray AIR's rules: ``"train"`` is split among the workers, every other
+    dataset goes whole to every worker; ``dataset_config`` overrides that per dataset
+    (:class:`sgd.DatasetConfig`, AIR's fields included). The loop's return value is
+    discarded, as in Ray AIR (``sgd.Trainer.run`` returns it).
+    """
+
+    _default_backend_config: Callable[[], BackendConfig] = BackendConfig
+    #: The class of ``Result.checkpoint`` (framework trainers set their own: ``TorchCheckpoint``).
+    _checkpoint_cls: Type[Checkpoint] = Checkpoint
+    #: The trainer's dataset rules (Ray AIR's ``_dataset_config``): by name, ``"*"`` for the others.
+    _dataset_config: Dict[str, DatasetConfig] = {
+        "train": DatasetConfig(split=True, fit=True, transform=True),
+        "*": DatasetConfig(split=False, fit=False, transform=True),
+    }
+
+    def __init__(
+        self,
+        train_loop_per_worker: Callable[..., Any],
+        *,
+        train_loop_config: Optional[Dict[str, Any]] = None,
+        backend_config: Optional[BackendConfig] = None,
+        scaling_config: Optional[ScalingConfig] = None,
+        run_config: Optional[RunConfig] = None,
+        datasets: Optional[Dict[str, Any]] = None,
+        dataset_config: Optional[Dict[str, DatasetConfig]] = None,
+        resume_from_checkpoint: Any = None,
+        preprocessor: Any = None,
+        metadata: Optional[Dict[str, Any]] = None,
+    ):
+
+        if not callable(train_loop_per_worker):
+            raise TypeError(f"train_loop_per_worker must be a function, got {type(train_loop_per_worker).__name__}")
+        wrap_train_func(train_loop_per_worker, train_loop_config)  # checks the signature now
+        _check_type("train_loop_config", train_loop_config, dict)
+        _check_type("backend_config", backend_config, BackendConfig)
+        _check_type("scaling_config", scaling_config, ScalingConfig)
+        _check_type("run_config", run_config, RunConfig)
+        _check_type("datasets", datasets, dict)
+        resume = resume_from_checkpoint
+        if resume is not None and not isinstance(resume, (Checkpoint, str, os.PathLike)):
+            raise TypeError("resume_from_checkpoint must be an sgd.Checkpoint or a path, "
+                            f"got {type(resume_from_checkpoint).__name__}")
+        self.train_loop_per_worker = train_loop_per_worker
+        self.train_loop_config = dict(train_loop_config or {})
+        self.backend_config = backend_config if backend_config is not None else type(self)._default_backend_config()
+        self.scaling_config = scaling_config or ScalingConfig()
+        self.run_config = run_config or RunConfig()
+        self.datasets = datasets
+        self.dataset_config = dataset_config
+        if preprocessor is not None and not is_preprocessor(preprocessor):
+            raise TypeError("preprocessor must be a ray.data.preprocessor.Preprocessor, "
+                            f"got {type(preprocessor).__name__}")
+        if dataset_config is not None:
+            _check_type("dataset_config", dataset_config, dict)
+            bad = [k for k, v in dataset_config.items() if not isinstance(v, DatasetConfig)]
+            if bad:
+                raise TypeError(f"dataset_config values must be sgd.DatasetConfig (wrong for {bad})")
+        self.resume_from_checkpoint = resume_from_checkpoint
+        self.preprocessor = preprocessor
+        self.metadata = dict(metadata or {})
+        self._restore_run_dir: Optional[Path] = None
+
+    @property
+    def _train_loop_config(self) -> Dict[str, Any]:
+        # Ray AIR's attribute name (its tests read it).
+        return self.train_loop_config
+
+    # --- running ----------------------------------------------------------------------
+
+    def _experiment_dir(self) -> Tuple[Path, Optional[str]]:
+        """The local folder runs go to, and the storage URI checkpoints are mirrored to."""
+
+        name = self.run_config.name or (
+            f"{type(self).__name__}_{datetime.datetime.now().strftime('%Y-%m-%d_%H-%M-%S')}")
+        storage = self.run_config.storage_path
+        if storage is None:
+            return results_root() / name, None
+        if is_uri(str(storage)):
+            return results_root() / name, str(storage)
+        return Path(storage).expanduser().resolve() / name, None
+
+    @property
+    def resuming_run_dir(self) -> Optional[Path]:
+        """The run directory a trainer made by :meth:`restore` continues, else ``None``."""
+        return self._restore_run_dir
+
+    def make_trainer(self) -> Trainer:
+        """The :class:`sgd.Trainer` that :meth:`fit` runs, not started: the scaling, run and
+        failure configs applied (for a restored trainer, one that continues its run directory).
+        sgd-tune runs each trial on one."""
+        sc = self.scaling_config
+        failure_config = self.run_config.failure_config or FailureConfig()
+        failures = failure_config.max_failures
+        if self._restore_run_dir is not None:
+            trainer = Trainer.restore(self._restore_run_dir, backend=self.backend_config,
+                                      trusted=self.__dict__.get("_restore_trusted"))
+            trainer.max_retries = failures
+            if failure_config.placement_timeout_s is not None:
+                trainer.placement_timeout_s = float(failure_config.placement_timeout_s)
+            if failure_config.hang_timeout_s is not None:
+                trainer.hang_timeout_s = float(failure_config.hang_timeout_s)
+            return trainer
+        logdir, mirror = self._experiment_dir()
+        return Trainer(
+            backend=self.backend_config,
+            num_workers=sc.num_workers,
+            use_gpu=sc.use_gpu,
+            resources_per_worker=sc.resources_per_worker,
+            logdir=logdir,
+            max_retries=failures,
+            storage_path=mirror,
+            placement_strategy=sc.placement_strategy,
+            placement_timeout_s=failure_config.placement_timeout_s,
+            hang_timeout_s=failure_config.hang_timeout_s,
+        )
+
+    def fit(self) -> Result:
+        """Train; the :class:`Result`, whose ``error`` is set if training failed (never raises for it).
+
+        :raises ValueError: a setting this trainer cannot honour (``CheckpointConfig(checkpoint_frequency=...)``),
+            before anything runs.
+        """
+        self.check_settings()
+        trainer = self.make_trainer()
+        error: Optional[BaseException] = None
+        previous_progress = os.environ.get("SGD_PROGRESS")
+        if self.run_config.verbose == 0:
+            os.environ["SGD_PROGRESS"] = "0"
+        tune_callbacks = TuneCallbacks(self.run_config.callbacks, self.train_loop_config)
+        try:
+            # Before the workers start: fitting the preprocessor runs Ray Data tasks, which need
+            # CPUs the workers may take all of.
+            prepared = self.preprocess_datasets()
+            trainer.start()
+            try:
+                iterator = self.run_on(trainer, callbacks=[tune_callbacks], prepared=prepared)
+                self._save_for_restore(trainer.latest_run_dir)
+                for _ in iterator:
+                    pass
+            finally:
+                trainer.shutdown()
+        except Exception as exc:  # a training error is the result's, not the caller's
+            error = exc
+            logger.error("training failed: %s: %s", type(exc).__name__, exc)
+        finally:
+            if self.run_config.verbose == 0:
+                if previous_progress is None:
+                    os.environ.pop("SGD_PROGRESS", None)
+                else:
+                    os.environ["SGD_PROGRESS"] = previous_progress
+            tune_callbacks.end(error)
+        run_dir = trainer.latest_run_dir
+        if run_dir is None:
+            return Result(metrics=None, checkpoint=None, error=error, path=None)
+        return Result.from_path(run_dir, error=error, checkpoint_cls=self._checkpoint_cls)
+
+    def check_settings(self) -> None:
+        """Raise ``ValueError`` for settings this trainer cannot honour (called by ``fit()``)."""
+        (self.run_config.checkpoint_config or CheckpointConfig()).check_for_loop_trainer(type(self).__name__)
+
+    def dataset_configs(self) -> Dict[str, DatasetConfig]:
+        """The config of every dataset passed, Ray AIR's way: the trainer's rules
+        (:attr:`_dataset_config`) with the user's ``dataset_config`` merged in, resolved.
+
+        :raises ValueError: a dataset marked ``required`` is missing, or more than one is to be fitted.
+        """
+        rules = type(self)._dataset_config
+        user = dict(self.dataset_config or {})
+        datasets = self.datasets or {}
+        for name, config in user.items():
+            if config.required and name not in datasets and name not in ("*", "default"):
+                raise ValueError(f"dataset {name!r} is required (DatasetConfig(required=True)) and was not passed; "
+                                 f"passed: {', '.join(map(str, datasets)) or 'none'}")
+        resolved = {}
+        for name in datasets:
+            base = rules.get(name, rules.get("*", DatasetConfig()))
+            for key in ("*", "default", name):
+                if key in user:
+                    base = user[key].merged(base)
+            resolved[name] = base.resolved(split=True)
+        fitted = [n for n, c in resolved.items() if c.fit]
+        if self.preprocessor is not None and len(fitted) > 1:
+            raise ValueError(f"the preprocessor can be fitted on one dataset; DatasetConfig(fit=True) is set for "
+                             f"{', '.join(fitted)}")
+        return resolved
+
+    def preprocess_datasets(self) -> Tuple[Optional[Dict[str, Any]], Dict[str, DatasetConfig]]:
+        """The datasets as the workers get them (the preprocessor fitted and applied) and their configs."""
+        configs = self.dataset_configs()
+        if self.datasets is None:
+            return None, configs
+        datasets = dict(self.datasets)
+        p = self.preprocessor
+        if p is None:
+            return datasets, configs
+        fit_on = [n for n, c in configs.items() if c.fit]
+        if fit_on and needs_fit(p):
+            fit_preprocessor(p, fit_on[0], datasets[fit_on[0]])
+        for name, ds in datasets.items():
+            if configs[name].transform is not False and hasattr(ds, "map_batches"):
+                datasets[name] = p.transform(ds)
+        return datasets, configs
+
+    def run_on(self, trainer: Trainer, callbacks: Optional[Sequence[Any]] = None,
+               prepared: Optional[Tuple[Optional[Dict[str, Any]], Dict[str, DatasetConfig]]] = None) -> Any:
+        """Start this trainer's loop on ``trainer`` (an :class:`sgd.Trainer` made by
+        :meth:`make_trainer`, started); the :class:`sgd.TrainingIterator`. ``fit()`` and
+        sgd-tune's trials run it. The datasets are preprocessed first (unless ``prepared``, what
+        :meth:`preprocess_datasets` returned, is given); the loop's return value is discarded."""
+        datasets, configs = prepared if prepared is not None else self.preprocess_datasets()
+        checkpoint_config = self.run_config.checkpoint_config or CheckpointConfig()
+        own = [c for c in (self.run_config.callbacks or []) if isinstance(c, TrainingCallback)]
+        return trainer.run_iterator(
+            DiscardReturn(self.train_loop_per_worker),
+            config=self.train_loop_config,
+            dataset=datasets,
+            checkpoint=self.resume_from_checkpoint,  # a restored run's own latest wins
+            checkpoint_strategy=checkpoint_config.to_strategy(),
+            callbacks=[*own, *(callbacks or [])],
+            dataset_config=configs or None,
+            preprocessor=self.preprocessor,
+        )
+
+    # --- restore ----------------------------------------------------------------------
+
+    def _save_for_restore(self, run_dir: Optional[Path]) -> None:
+        """Keep this trainer (without its datasets) in the run directory for :meth:`restore`:
+        its settings as JSON, what JSON cannot hold (the training function) pickled apart."""
+        if run_dir is None:
+            return
+        state = saved_trainer.state_of(self, ("datasets", "_restore_run_dir", "_restore_trusted"))
+        saved_trainer.save(run_dir, type(self), state, SAVED_CONFIGS, backend_name)
+
+    @classmethod
+    def can_restore(cls, path: Union[str, os.PathLike]) -> bool:
+        """Whether ``path`` is a run directory this trainer can continue."""
+        run = Path(path).expanduser()
+        return (run / "trainer.json").exists() and saved_trainer.exists(run)
+
+    @classmethod
+    def restore(cls, path: Union[str, os.PathLike], train_loop_per_worker: Optional[Callable[..., Any]] = None,
+                train_loop_config: Optional[Dict[str, Any]] = None, datasets: Optional[Dict[str, Any]] = None,
+                trusted: Optional[bool] = None, **overrides: Any) -> DataParallelTrainer:
+        """A trainer that continues the run in ``path`` (``result.path``), e.g. after its driver died.
+
+        ``fit()`` goes on in the same run directory from its latest checkpoint; reports
+        already in it are not repeated. Datasets are not saved with the run: pass them
+        again. Other arguments (``run_config=``...) replace the saved ones.
+
+        The trainer's settings are kept as JSON in the run directory; the training function
+        (and anything else JSON cannot hold, such as callbacks) only pickled, and unpickling
+        runs whatever code the file names. So pass the training function again
+        (``restore(path, train_loop_per_worker=train_func)``), or ``trusted=True`` if you wrote
+        the run directory yourself; without either, :class:`sgd.UntrustedCheckpointError` names
+        what is missing. ``trusted=True`` also lets the run's checkpoints unpickle arbitrary
+        objects (see :class:`sgd.Checkpoint`). The run goes on from its newest checkpoint that
+        verifies.
+
+        :raises FileNotFoundError: ``path`` is not a run directory ``fit()`` wrote.
+        :raises TypeError: an argument that is not one of the trainer's, or the run was written
+            by another trainer class.
+        """
+        from sgd.checkpoint.codecs import resolve_trusted
+
+        run = Path(path).expanduser().resolve()
+        if not (run / "trainer.json").exists():
+            raise FileNotFoundError(f"{run} is not an sgd run directory (no trainer.json); pass result.path")
+        if not saved_trainer.exists(run):
+            raise FileNotFoundError(f"{run} has no {saved_trainer.STATE_FILE}; it was not started by "
+                                    f"{cls.__name__}.fit() (or by a version of sgd before 2026-11-26)")
+        saved = saved_trainer.SavedTrainer(run)
+        saved_cls: Any = saved.saved_class(
+            [*subclasses(cls), *(c for c in cls.__mro__ if issubclass(c, DataParallelTrainer))])
+        given = dict(overrides)
+        for name, value in (("train_loop_per_worker", train_loop_per_worker),
+                            ("train_loop_config", train_loop_config)):
+            if value is not None:
+                given[name] = value
+        for key in overrides:
+            if key not in saved.keys:
+                raise TypeError(f"{cls.__name__}.restore() got an unexpected argument {key!r}")
+        state = saved.load([*given, "datasets"], resolve_trusted(trusted), SAVED_CONFIGS, config_of_backend,
+                           cls.__name__)
+        trainer = saved_cls.__new__(saved_cls)
+        trainer.__dict__.update(state)
+        for key, value in given.items():
+            setattr(trainer, key, dict(value) if key == "train_loop_config" else value)
+        trainer.datasets = datasets
+        trainer._restore_run_dir = run
+        trainer._restore_trusted = trusted
+        return trainer
+
+    # --- Ray Tune -------------------------------------------------------------------
+
+    def as_trainable(self) -> Any:
+        """A Ray Tune function trainable running this trainer per trial (needs ``sgd-tune``).
+
+        ``param_space={"train_loop_config": {...}}`` values are merged into
+        ``train_loop_config``. ``tune.Tuner(trainer, ...)`` works too: the trainer is callable.
+        """
+
+        trainable = get_plugin_manager().hook.sgd_tune_trainable(trainer=self, train_func=None, dataset=None)
+        if trainable is None:
+            raise ImportError(f"{type(self).__name__}.as_trainable needs the sgd-tune package: pip install sgd-tune")
+        return trainable
+
+    def __call__(self, config: Dict[str, Any]) -> Any:
+        """Run as a Ray Tune function trainable (``tune.Tuner(trainer, param_space=...)``)."""
+        return self.as_trainable()(config)
+
+    @property
+    def _resources(self) -> Any:
+        # What Ray Tune reads off a function trainable to reserve resources for a trial.
+        return getattr(self.as_trainable(), "_resources", None)
+
+    @property
+    def __mixins__(self) -> tuple:
+        """Classes Ray Tune mixes into the trainable it makes of this trainer (sgd-tune's keeps
+        the workers between trials when Tune reuses the actor, and shuts them down after)."""
+        return tuple(getattr(self.as_trainable(), "__mixins__", ()))
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(backend={self.backend_config.name!r}, "
+                f"scaling_config={self.scaling_config!r})")
+
+
+@public_module("sgd.air")
+class DiscardReturn:
+    """The training loop as an AIR trainer runs it: its return value discarded (Ray AIR's rule),
+    so a loop that returns something that does not pickle (a model) does not fail the run."""
+
+    def __init__(self, loop: Callable[..., Any]):
+        self.loop = loop
+
+    def __call__(self, config: Dict[str, Any]) -> None:
+        wrap_train_func(self.loop, config)()
+
+
+def _check_type(name: str, value: Any, expected: type) -> None:
+    if value is not None and not isinstance(value, expected):
+        raise TypeError(f"{name} must be a {expected.__name__} (or None), got {type(value).__name__}")
