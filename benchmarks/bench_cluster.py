@@ -14,8 +14,8 @@ and ``~/sgd_results``. Each case runs in a fresh driver process (``_cluster_driv
 
 sgd (restarting every worker from the latest checkpoint), sgd in place (``sgd.elastic.run``: the
 survivors keep their processes; issue 36) and Ray Train (``TorchTrainer``,
-``ScalingConfig(num_workers=(2, 4))``, ``FailureConfig``) run the same workload on the same cluster; between cases the lost host is started again and Ray
-has declared the old one dead. Results: ``benchmarks/results/cluster.{json,md}``.
+``ScalingConfig(num_workers=(2, 4))``, ``FailureConfig``) run the same workload on the same
+cluster; between cases the lost host is started again and Ray has declared the old one dead. Results: ``benchmarks/results/cluster.{json,md}``.
 """
 
 from __future__ import annotations
@@ -57,7 +57,9 @@ def _driver(cluster: Any, framework: str, case: str, timeout_s: float = 600) -> 
                 proc.kill()
                 raise RuntimeError(f"{framework} {case}: no result within {timeout_s:.0f}s; see {work}/driver.log")
             if case == "loss" and killed_at is None and (work / "kill_now").exists():
-                killed_at = cluster.hosts[1].kill()
+                # Not waiting for the processes to be reaped: rank 0 holds its step until the
+                # kill is done, and the host is gone once the signals are out.
+                killed_at = cluster.hosts[1].kill(wait=False)
                 (work / "kill_now.done").write_text("")
             time.sleep(0.01)
     finally:
@@ -67,7 +69,8 @@ def _driver(cluster: Any, framework: str, case: str, timeout_s: float = 600) -> 
         raise RuntimeError(f"{framework} {case} failed ({proc.returncode}):\n{tail}")
     out = json.loads((work / "driver.json").read_text())
     out["killed_at"] = killed_at
-    shutil.rmtree(work, ignore_errors=True)
+    if os.environ.get("SGD_BENCH_KEEP") != "1":  # 1: keep each driver's folder (driver.log) to read
+        shutil.rmtree(work, ignore_errors=True)
     return out
 
 
