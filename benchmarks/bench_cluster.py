@@ -15,7 +15,8 @@ and ``~/sgd_results``. Each case runs in a fresh driver process (``_cluster_driv
 sgd (restarting every worker from the latest checkpoint), sgd in place (``sgd.elastic.run``: the
 survivors keep their processes; issue 36) and Ray Train (``TorchTrainer``,
 ``ScalingConfig(num_workers=(2, 4))``, ``FailureConfig``) run the same workload on the same
-cluster; between cases the lost host is started again and Ray has declared the old one dead. Results: ``benchmarks/results/cluster.{json,md}``.
+cluster; between cases the lost host is started again and Ray has declared the old one dead.
+Results: ``benchmarks/results/cluster.{json,md}``.
 """
 
 from __future__ import annotations
