@@ -82,7 +82,10 @@ def _start_s(out: Dict[str, Any]) -> float:
 def _loss(out: Dict[str, Any], lost_ip: str) -> Dict[str, Any]:
     killed = out["killed_at"]
     rounds = out["rounds"]
-    after = [r for r in rounds if r["t"] > killed]
+    # The first report of the group that went on without the host: a step the old group was
+    # finishing when the signals went out can still report at the old size just after them.
+    size = max((r for r in rounds if r["t"] <= killed), key=lambda r: r["t"])["world_size"]
+    after = [r for r in rounds if r["t"] > killed and r["world_size"] != size]
     first = min(after, key=lambda r: r["t"])
     steps = sorted({r["step"] for r in rounds})
     before = {r["step"] for r in rounds if r["t"] <= killed}
@@ -102,6 +105,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="one repetition of each case")
     parser.add_argument("--frameworks", default="sgd,sgd-inplace,ray")
+    parser.add_argument("--keep-others", action="store_true",
+                        help="keep the results of the frameworks not run from the last cluster.json")
     args, _ = parser.parse_known_args()
     reps = 1 if args.quick else 3
     frameworks = args.frameworks.split(",")
@@ -127,6 +132,11 @@ def main() -> None:
     finally:
         cluster.shutdown()
 
+    if args.keep_others and (RESULTS / "cluster.json").exists():
+        earlier = json.loads((RESULTS / "cluster.json").read_text())["results"]
+        ran = list(frameworks)
+        frameworks = [f for f in ("sgd", "sgd-inplace", "ray") if f in ran or f in earlier]
+        results = {f: results[f] if f in ran else earlier[f] for f in frameworks}
     data: Dict[str, Any] = {"machine": machine(loadavg=loadavg()), "cluster": "head 127.0.0.2 (0 CPU) + "
                             "2 worker hosts x 2 CPU, private /tmp,/dev/shm", "results": results}
     summary = {}
