@@ -259,6 +259,73 @@ def test_killed_worker_restarts_the_script(ray_cluster, tmp_path):
     assert "sgd run: finished after 1 restart(s)" in err
 
 
+# A torchrun script in sgd.elastic.run: it creates its process group itself; a lost worker is
+# replaced and the survivor goes on in its own process, from its last commit.
+IN_PLACE_SCRIPT = '''
+import os
+
+import torch
+import torch.distributed as dist
+
+import sgd
+from sgd import elastic
+
+dist.init_process_group("gloo")
+state = elastic.ObjectState(step=0, total=0.0)
+
+
+@elastic.run
+def train(state):
+    while state.step < 6:
+        t = torch.tensor([float(state.step + 1)])
+        dist.all_reduce(t)  # the group the script made, built again at a reset
+        state.total += t.item()
+        state.step += 1
+        state.commit()
+        sgd.report(step=state.step, total=state.total, pid=os.getpid(),
+                   restart=int(os.environ["TORCHELASTIC_RESTART_COUNT"]))
+        if state.step == 3:
+            # hold step 3 until the test killed rank 1 (rank 0's next all_reduce then fails)
+            while os.path.exists("hold"):
+                pass
+
+
+train(state)
+print(f"finished with total {state.total}")
+'''
+
+
+def test_a_killed_worker_is_replaced_in_place_and_the_survivor_keeps_its_process(ray_cluster, tmp_path):
+    import ray
+
+    script = _write(tmp_path, "in_place.py", IN_PLACE_SCRIPT)
+    (tmp_path / "hold").write_text("")
+    proc = subprocess.Popen(
+        [*SGD, "run", "-n", "2", "--max-retries", "1", "--logdir", str(tmp_path / "exp"), str(script)],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=_env(RAY_ADDRESS=ray.get_runtime_context().gcs_address),
+    )
+    run_dir = tmp_path / "exp" / "run_001"
+    try:
+        rounds = wait_for(lambda: [r for r in _results(run_dir) if r[0]["step"] == 3], timeout=180,
+                          message="the script never reported step 3")
+        os.kill(rounds[0][1]["pid"], signal.SIGKILL)  # rank 1
+        (tmp_path / "hold").unlink()
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    rounds = _results(run_dir)
+    assert [r[0]["step"] for r in rounds] == [1, 2, 3, 4, 5, 6]
+    assert {r[0]["pid"] for r in rounds} == {rounds[0][0]["pid"]}, "rank 0 kept its process"
+    assert rounds[-1][1]["pid"] != rounds[0][1]["pid"], "a new process for rank 1"
+    assert [r[0]["restart"] for r in rounds] == [0] * 6, "no restart: recovered in place"
+    assert rounds[-1][0]["total"] == sum(2 * s for s in range(1, 7))
+    assert "finished with total 42.0" in out
+
+
 # --- TorchConfig(init_process_group=False), what sgd run builds on --------------------------
 
 

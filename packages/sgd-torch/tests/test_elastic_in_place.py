@@ -209,9 +209,22 @@ def test_losing_every_worker_without_a_checkpoint_fails_clearly(ray_cluster):
         trainer.shutdown()
 
 
-def test_elastic_run_with_a_process_group_the_code_owns_says_what_is_missing(ray_cluster):
+class _FixedBackend(sgd.Backend):
+    """A backend whose group cannot be re-formed in place (every worker is replaced)."""
+
+    def keeps_survivors(self, worker_group, backend_config):
+        return False
+
+
+class _FixedConfig(sgd.BackendConfig):
+    @property
+    def backend_cls(self):
+        return _FixedBackend
+
+
+def test_elastic_run_with_a_backend_that_cannot_reform_says_what_is_missing(ray_cluster):
     def train_func():
-        from sgd_torch import elastic
+        from sgd import elastic
 
         @elastic.run
         def train(state):
@@ -219,10 +232,10 @@ def test_elastic_run_with_a_process_group_the_code_owns_says_what_is_missing(ray
 
         return train(elastic.ObjectState(step=0))
 
-    trainer = sgd.Trainer(backend=TorchConfig(init_process_group=False), num_workers=2)
+    trainer = sgd.Trainer(backend=_FixedConfig(), num_workers=2)
     trainer.start()
     try:
-        with pytest.raises(RuntimeError, match="cannot re-form its group in place.*init_process_group=False"):
+        with pytest.raises(RuntimeError, match="cannot re-form its group in place.*drop elastic.run"):
             trainer.run(train_func)
     finally:
         trainer.shutdown()

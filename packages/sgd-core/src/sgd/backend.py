@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Protocol, Sequence, Tuple, Type
 
-from sgd._common.run_hooks import INTERRUPT_HOOKS, RUN_CONTEXTS, RUN_ERROR_HOOKS
+from sgd._common.run_hooks import INTERRUPT_HOOKS, RESET_HOOKS, RUN_CONTEXTS, RUN_ERROR_HOOKS
 
 
 class Workers(Protocol):
@@ -163,6 +163,20 @@ def on_worker_interrupt(hook: Callable[[], None]) -> None:
 
     if hook not in INTERRUPT_HOOKS:
         INTERRUPT_HOOKS.append(hook)
+
+
+def on_worker_reset(hook: Callable[[], None]) -> None:
+    """On a worker (from code the backend runs there): run ``hook()`` in the training thread each
+    time a run in :func:`sgd.elastic.run` goes on in a re-formed group, after the driver told
+    it its new place (the environment the backend's :meth:`Backend.on_start` set is there)
+    and before the run's state is tied to the new group. For a framework whose setup the
+    training code owns: sgd-torch builds again there a process group the script created
+    itself (``TorchConfig(init_process_group=False)``, as under ``sgd run``). A hook registered
+    twice runs once.
+    """
+
+    if hook not in RESET_HOOKS:
+        RESET_HOOKS.append(hook)
 
 
 def on_worker_run(context: Callable[[], ContextManager[Any]]) -> None:

@@ -40,7 +40,7 @@ import logging
 from typing import Any, Callable, Dict, List, Optional, TypeVar
 
 from sgd._common.peers import reads_like_peer_failure
-from sgd._common.run_hooks import INTERRUPT_HOOKS
+from sgd._common.run_hooks import INTERRUPT_HOOKS, RESET_HOOKS
 from sgd._worker.resets import ResetInterrupt, ResetLink, Resume
 from sgd._worker.session import STATE
 
@@ -199,10 +199,9 @@ def run(func: F) -> F:
             return func(state, *args, **kwargs)  # local mode: one process, no peers to lose
         if not link.capable:
             raise RuntimeError(
-                "sgd.elastic.run: this run's backend cannot re-form its group in place (Backend.reforms_in_place "
-                "is false: for sgd-torch, TorchConfig(init_process_group=False) leaves the process group to your "
-                "code). Use backend='torch' with sgd to set the process group up, or drop elastic.run: a lost "
-                "worker then restarts every worker from the latest checkpoint")
+                "sgd.elastic.run: this run's backend cannot re-form its group in place (its "
+                "Backend.reforms_in_place is false). Use a backend that can (backend='torch'), or drop "
+                "elastic.run: a lost worker then restarts every worker from the latest checkpoint")
         link.entered, link.state = True, state
         state._saved = state.save()
         if link.joined is not None:
@@ -225,6 +224,8 @@ def run(func: F) -> F:
                 _release()  # peers blocked in a collective with this worker fail now, not at a timeout
             logger.info("rank %d: %s; waiting for the group to re-form", session.context.world_rank, reason)
             plan, snapshot = link.barrier(reason, failed)
+            for hook in list(RESET_HOOKS):
+                hook()
             state._after_reset()
             state._apply(plan, snapshot)
             logger.info("rank %d of %d: re-formed (%s); going on from commit %d", session.context.world_rank,

@@ -20,6 +20,7 @@ from sgd.backend import (
     BackendConfig,
     free_address,
     on_worker_interrupt,
+    on_worker_reset,
     on_worker_run_error,
     share_cuda_visible_devices,
 )
@@ -171,6 +172,45 @@ def _interrupt_process_group() -> None:
             sock.close()
 
 
+def _track_own_group(timeout_s: int) -> None:
+    """On a worker whose training code creates the process group itself: record the sockets
+    of the group it creates (so an interrupt can fail a blocked collective), and on a reset in
+    place build it again, with the same backend, from the environment the re-formed group got."""
+    import functools
+
+    import torch.distributed as dist
+
+    global _OWN_GROUP_TIMEOUT_S
+    _OWN_GROUP_TIMEOUT_S = timeout_s
+    if not getattr(dist.init_process_group, "_sgd_tracked", False):
+        original = dist.init_process_group
+
+        @functools.wraps(original)
+        def init_process_group(*args: Any, **kwargs: Any) -> Any:
+            before = _socket_inodes()
+            out = original(*args, **kwargs)
+            _GROUP_SOCKETS[:] = [(fd, link) for fd, link in _socket_inodes().items() if before.get(fd) != link]
+            return out
+
+        init_process_group._sgd_tracked = True  # type: ignore[attr-defined]
+        dist.init_process_group = init_process_group
+    on_worker_interrupt(_interrupt_process_group)
+    on_worker_reset(_rebuild_own_group)
+
+
+_OWN_GROUP_TIMEOUT_S = 1800
+
+
+def _rebuild_own_group() -> None:
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return  # the code has not created one (yet): nothing to build again
+    backend = dist.get_backend()
+    dist.destroy_process_group()
+    dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=_OWN_GROUP_TIMEOUT_S))
+
+
 #: torch's global switches as this worker process had them before its first run.
 _FRESH_STATE: Optional[Tuple[Any, bool, bool]] = None
 
@@ -252,7 +292,10 @@ class TorchBackend(Backend):
         backend = backend_config.backend or ("nccl" if use_gpu else "gloo")
         addr, port = self._set_rendezvous_env(worker_group)
         if not backend_config.init_process_group:
-            return  # the training code calls init_process_group("env://") itself
+            # The training code calls init_process_group("env://") itself; a run in
+            # sgd.elastic.run has it built again at the new size on a reset (see _track_own_group).
+            worker_group.execute(_track_own_group, backend_config.timeout_s)
+            return
         init_method = "env://" if backend_config.init_method == "env" else f"tcp://{addr}:{port}"
         n = len(worker_group)
         ray.get(
@@ -323,9 +366,10 @@ class TorchBackend(Backend):
         return backend_config.keep_survivors and gloo
 
     def reforms_in_place(self, worker_group: Workers, backend_config: BackendConfig) -> bool:
-        """The process group is built again in live processes (:meth:`on_start`), gloo or NCCL,
-        when sgd sets it up (not with ``init_process_group=False``: the code owns it then)."""
-        return isinstance(backend_config, TorchConfig) and backend_config.init_process_group
+        """The process group is built again in live processes, gloo or NCCL: by :meth:`on_start`
+        when sgd sets it up; with ``init_process_group=False`` (``sgd run``), by each survivor
+        at its reset, as the code created it."""
+        return isinstance(backend_config, TorchConfig)
 
     @staticmethod
     def encode_data(data: Any) -> Any:

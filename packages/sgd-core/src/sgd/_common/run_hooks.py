@@ -15,6 +15,9 @@ RUN_ERROR_HOOKS: List[Callable[[], None]] = []
 #: run on a worker (from a control thread, or the training thread that caught a peer's failure)
 #: when its run in ``sgd.elastic.run`` must come to the reset barrier after a peer died
 INTERRUPT_HOOKS: List[Callable[[], None]] = []
+#: run in the training thread, in order, when a run in ``sgd.elastic.run`` goes on in a re-formed
+#: group, before its state is tied to the new group
+RESET_HOOKS: List[Callable[[], None]] = []
 
 
 def run_error_hooks() -> None:

@@ -211,12 +211,22 @@ class _LaunchPlugin:
 
     @hookimpl
     def sgd_backend_training_start(self, worker_group: Any, backend_config: Any) -> None:
+        self._set(worker_group, self.starts)
+        self.starts += 1
+
+    @hookimpl
+    def sgd_backend_setup(self, worker_group: Any, backend_config: Any) -> None:
+        # A group re-formed in place while the script runs (sgd.elastic.run): its new workers
+        # (and the survivors' new ranks) get the variables of the current start.
+        if self.starts:
+            self._set(worker_group, self.starts - 1)
+
+    def _set(self, worker_group: Any, restart_count: int) -> None:
         import ray
 
         run_dir = self.trainer.latest_run_dir
-        envs = launcher_env(worker_group.contexts, self._run_id, self.starts, self.trainer.max_retries,
+        envs = launcher_env(worker_group.contexts, self._run_id, restart_count, self.trainer.max_retries,
                             str(run_dir) if run_dir is not None else None)
-        self.starts += 1
         ray.get([worker_group.execute_single_async(rank, _set_env, env) for rank, env in enumerate(envs)])
 
 
