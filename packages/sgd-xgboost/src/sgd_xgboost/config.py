@@ -36,7 +36,7 @@ from sgd.backend import (
     on_worker_run_error,
     remove_worker_run,
 )
-from sgd.errors import PicklableError
+from sgd.errors import PeerFailureError
 
 if TYPE_CHECKING:
     from sgd.backend import Workers
@@ -112,11 +112,11 @@ _lock = threading.Lock()
 _comm_args: Optional[Dict[str, Any]] = None
 
 
-class XGBoostPeerError(PicklableError, ConnectionError):
+class XGBoostPeerError(PeerFailureError):
     """A collective call of XGBoost failed on this worker because another worker stopped (its
-    error was signalled, or its process died). The message says "connection closed by peer",
-    which sgd reads as the echo of another worker's failure: the driver then reports that
-    worker's own error (or death) when it arrives within a few seconds, instead of this one."""
+    error was signalled, or its process died). As a :class:`sgd.errors.PeerFailureError`, sgd
+    reads it as the echo of another worker's failure: the driver restarts the group when that
+    worker died, or reports that worker's own error instead of this one."""
 
 
 #: what XGBoost's errors say when a collective call lost its peers
@@ -131,8 +131,8 @@ def _peer_error(exc: BaseException) -> Optional[XGBoostPeerError]:
     if not any(marker in text.lower() for marker in _COLLECTIVE_FAILURE):
         return None
     detail = next((line.strip("- ").strip() for line in text.splitlines() if line.strip().startswith("- [")), "")
-    return XGBoostPeerError(f"worker rank {sgd.world_rank()}: XGBoost's collective call failed, connection closed by "
-                            f"peer (another worker stopped; its own error is the cause): {detail}")
+    return XGBoostPeerError(f"worker rank {sgd.world_rank()}: XGBoost's collective call failed because another "
+                            f"worker stopped (its own error or death is the cause): {detail}")
 
 
 def _set_comm_args(args: Optional[Dict[str, Any]]) -> None:

@@ -220,6 +220,8 @@ class Session:
     def _capture(self, exc: BaseException) -> RemoteError:
         import ray.cloudpickle as cloudpickle
 
+        from sgd.errors import PeerFailureError
+
         tb = traceback.format_exc()
         exc_bytes: Optional[bytes]
         try:
@@ -235,6 +237,7 @@ class Session:
             self.context.world_rank,
             os.getpid(),
             socket.gethostname(),
+            peer_failure=isinstance(exc, PeerFailureError),
         )
 
     # --- called from the training thread ------------------------------------

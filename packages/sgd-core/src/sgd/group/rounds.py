@@ -48,8 +48,10 @@ _PEER_FAILURE = re.compile(
 
 
 def looks_like_peer_failure(err: RemoteError) -> bool:
-    """Whether a worker's error is what a collective raises when another worker died."""
-    return bool(_PEER_FAILURE.search(f"{err.type_name}: {err.message}"))
+    """Whether a worker's error is what a collective raises when another worker died: a
+    :class:`~sgd.errors.PeerFailureError` (flagged on the worker), or an error whose message
+    reads like one of the collectives sgd knows (gloo, NCCL, torch.distributed)."""
+    return err.peer_failure or bool(_PEER_FAILURE.search(f"{err.type_name}: {err.message}"))
 
 
 def remote_exception(err: RemoteError) -> BaseException:
