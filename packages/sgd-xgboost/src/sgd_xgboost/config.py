@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("sgd.xgboost")
 
-__all__ = ["XGBoostConfig", "LightGBMConfig", "get_network_params"]
+__all__ = ["XGBoostConfig", "LightGBMConfig", "XGBoostPeerError", "get_network_params"]
 
 
 @dataclass
@@ -314,7 +314,20 @@ def _register_lightgbm_worker() -> None:
 
 def machines_for(addresses: List[Any]) -> str:
     """LightGBM's ``machines`` parameter for workers listening at ``(ip, port)`` pairs."""
-    return ",".join(f"{ip}:{port}" for ip, port in addresses)
+    return ",".join(f"{_lightgbm_ip(ip)}:{port}" for ip, port in addresses)
+
+
+def _lightgbm_ip(ip: str) -> str:
+    """The address LightGBM is given for a worker on the node at ``ip``.
+
+    LightGBM finds its own rank by looking for one of its interfaces' addresses (with its port)
+    in ``machines`` ("Machine list file doesn't contain the local machine" otherwise). A node
+    whose Ray address is a loopback alias (``127.0.0.3``: several Ray nodes on one machine, the
+    three-host test fixture) has no interface with that address, only ``127.0.0.1``; every
+    worker that can reach a loopback address is on that machine, so ``127.0.0.1`` is the same
+    place for all of them. LightGBM listens on all interfaces, so the port is the same.
+    """
+    return "127.0.0.1" if ip.startswith("127.") else ip
 
 
 class _LightGBMBackend(Backend):
