@@ -172,6 +172,8 @@ BENCHMARKS = {
     # a real three-host cluster (ray start hosts with private disks; needs root): cold start and
     # a lost host, sgd beside Ray Train
     "cluster": ("benchmarks/bench_cluster.py", ("ray[train]",)),
+    # in-place recovery (sgd.elastic): what state.commit() costs per DDP step of a 100 MB model
+    "elastic": ("benchmarks/bench_elastic.py", ()),
     # 1M rows × 50 features, 100 rounds: sgd-xgboost beside Ray Train's XGBoostTrainer and one process
     "xgboost": ("benchmarks/bench_xgboost.py", ("ray[train]", "packages/sgd-xgboost")),
 }
@@ -186,7 +188,7 @@ def bench(session: nox.Session) -> None:
     JSON and markdown tables in benchmarks/results/.
     ``nox -s bench -- --quick`` runs fewer repetitions; ``nox -s bench -- cluster [--quick]``
     runs the named benchmarks only (any of: core, checkpoint, scale, data, compare, tune, cluster,
-    xgboost)."""
+    elastic, xgboost)."""
     _install(session)
     env = {"PYTHONUNBUFFERED": "1"}
     chosen = [a for a in session.posargs if a in BENCHMARKS]

@@ -1,6 +1,6 @@
 """One framework's driver on the three-host cluster that ``bench_cluster.py`` started.
 
-    python _cluster_drivers.py sgd|ray start|loss WORKDIR
+    python _cluster_drivers.py sgd|sgd-inplace|ray start|loss WORKDIR
 
 It joins the cluster at ``RAY_ADDRESS`` from the head's address (``SGD_BENCH_HEAD_IP``), runs one
 case and writes ``WORKDIR/driver.json``. The workload is the same under both frameworks: 4 torch
@@ -10,7 +10,11 @@ report per step with the worker's clock and world size, a small checkpoint every
 - ``start``: from the trainer's construction to the first report (cold start on the cluster).
 - ``loss``: rank 0 writes ``WORKDIR/kill_now`` when it reaches step 10; bench_cluster.py then
   SIGKILLs every process of one worker host and notes the time. Training goes on to step 25;
-  the driver writes every report (step, world size, worker clock).
+  the driver writes every report (step, world size, worker clock, each worker's host and pid).
+
+``sgd`` recovers by restarting every worker from the latest checkpoint; ``sgd-inplace`` runs the
+same loop under ``sgd.elastic.run`` (the step in an ``ObjectState``, committed every step), so
+the survivors keep their processes and the group re-forms around them.
 
 Ray Train needs storage every host can read for its checkpoints: ``WORKDIR`` is on the shared
 disk (not the worker hosts' private ``/tmp``). sgd needs none: checkpoints travel to the driver.
@@ -40,6 +44,12 @@ def _step_work() -> None:
     time.sleep(0.05)
 
 
+def _where() -> Dict[str, Any]:
+    import ray
+
+    return {"pid": os.getpid(), "ip": ray.util.get_node_ip_address()}
+
+
 def _sgd_train(config: Dict[str, Any]) -> None:
     import sgd
 
@@ -48,13 +58,34 @@ def _sgd_train(config: Dict[str, Any]) -> None:
     while step < config["steps"]:
         step += 1
         _step_work()
-        sgd.report(step=step, world_size=sgd.world_size(), t=time.time())
+        sgd.report(step=step, world_size=sgd.world_size(), t=time.time(), **_where())
         if step % CKPT_EVERY == 0:
             sgd.save_checkpoint(step=step)
         if step == config.get("kill_at") and sgd.world_rank() == 0 and config.get("marker"):
             Path(config["marker"]).write_text(str(time.time()))
             while step == config["kill_at"] and not Path(config["marker"] + ".done").exists():
                 time.sleep(0.01)  # the host goes while the job runs on
+
+
+def _sgd_inplace_train(config: Dict[str, Any]) -> None:
+    import sgd
+    from sgd import elastic
+
+    state = elastic.ObjectState(step=0)
+
+    @elastic.run
+    def train(state: Any) -> None:
+        while state.step < config["steps"]:
+            _step_work()
+            state.step += 1
+            state.commit()
+            sgd.report(step=state.step, world_size=sgd.world_size(), t=time.time(), **_where())
+            if state.step == config.get("kill_at") and sgd.world_rank() == 0 and config.get("marker"):
+                Path(config["marker"]).write_text(str(time.time()))
+                while not Path(config["marker"] + ".done").exists():
+                    time.sleep(0.01)
+
+    train(state)
 
 
 def _ray_train(config: Dict[str, Any]) -> None:
@@ -88,7 +119,7 @@ def _ray_train(config: Dict[str, Any]) -> None:
                 time.sleep(0.01)
 
 
-def run_sgd(case: str, work: Path) -> Dict[str, Any]:
+def run_sgd(case: str, work: Path, in_place: bool = False) -> Dict[str, Any]:
     import sgd
 
     rounds: List[Dict[str, Any]] = []
@@ -96,7 +127,8 @@ def run_sgd(case: str, work: Path) -> Dict[str, Any]:
     class Keep(sgd.TrainingCallback):
         def handle_result(self, results, **info):
             rounds.append({"step": results[0]["step"], "world_size": results[0]["world_size"],
-                           "t": results[0]["t"], "arrived": time.time()})
+                           "t": results[0]["t"], "arrived": time.time(),
+                           "workers": [[r["ip"], r["pid"]] for r in results]})
 
     begun = time.time()
     if case == "start":
@@ -107,8 +139,8 @@ def run_sgd(case: str, work: Path) -> Dict[str, Any]:
         return {"begun": begun, "rounds": rounds}
     trainer = sgd.Trainer(backend="torch", num_workers=(2, 4), max_retries=3, logdir=str(work / "sgd_loss"))
     trainer.start()
-    trainer.run(_sgd_train, config={"steps": STEPS, "kill_at": KILL_AT, "marker": str(work / "kill_now")},
-                callbacks=[Keep()])
+    trainer.run(_sgd_inplace_train if in_place else _sgd_train,
+                config={"steps": STEPS, "kill_at": KILL_AT, "marker": str(work / "kill_now")}, callbacks=[Keep()])
     trainer.shutdown()
     return {"begun": begun, "rounds": rounds}
 
@@ -144,7 +176,10 @@ def main() -> None:
 
     ray.init(address=os.environ["RAY_ADDRESS"], _node_ip_address=os.environ["SGD_BENCH_HEAD_IP"],
              log_to_driver=False)
-    out = run_sgd(case, work) if framework == "sgd" else run_ray(case, work)
+    if framework == "ray":
+        out = run_ray(case, work)
+    else:
+        out = run_sgd(case, work, in_place=framework == "sgd-inplace")
     (work / "driver.json").write_text(json.dumps(out))
     ray.shutdown()
 

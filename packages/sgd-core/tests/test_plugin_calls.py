@@ -263,7 +263,7 @@ def entry_points(monkeypatch, fresh_plugins):
         for name, module in named:
             monkeypatch.setitem(sys.modules, module.__name__, module)
             eps.append(importlib.metadata.EntryPoint(name=name, value=module.__name__, group="sgd"))
-        monkeypatch.setattr(plugins, "_entry_points", lambda: eps)
+        monkeypatch.setattr(plugins.registry, "_entry_points", lambda: eps)
         monkeypatch.delenv("SGD_DISABLE_PLUGIN_AUTOLOAD", raising=False)
         monkeypatch.delenv("SGD_PLUGINS", raising=False)
         fresh_plugins.reset()

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Protocol, Sequence, Tuple, Type
 
-from sgd._common.run_hooks import RUN_CONTEXTS, RUN_ERROR_HOOKS
+from sgd._common.run_hooks import INTERRUPT_HOOKS, RUN_CONTEXTS, RUN_ERROR_HOOKS
 
 
 class Workers(Protocol):
@@ -102,6 +102,18 @@ class Backend:
         """
         return type(self) is Backend
 
+    def reforms_in_place(self, worker_group: Workers, backend_config: BackendConfig) -> bool:
+        """Whether the group can re-form in place after a loss (:mod:`sgd.elastic`): the
+        survivors' processes are kept, :meth:`on_start` runs on the new group (survivors and
+        new workers; it must tear down what the old group set up in a live process and build
+        it for the new size), and the training functions go on. A backend that says so should
+        register an interrupt hook (:func:`on_worker_interrupt`) that makes a collective
+        blocked on a lost peer fail at once.
+
+        The default: whatever :meth:`keeps_survivors` says.
+        """
+        return self.keeps_survivors(worker_group, backend_config)
+
     @staticmethod
     def encode_data(data: Any) -> Any:
         """Turn a worker-side value (a report, a checkpoint, a return value) into
@@ -138,6 +150,19 @@ def on_worker_run_error(hook: Callable[[], None]) -> None:
 
     if hook not in RUN_ERROR_HOOKS:
         RUN_ERROR_HOOKS.append(hook)
+
+
+def on_worker_interrupt(hook: Callable[[], None]) -> None:
+    """On a worker (from code the backend runs there): run ``hook()`` when a run in
+    :func:`sgd.elastic.run` is interrupted because a peer was lost, so that a collective
+    blocked on that peer fails now instead of at its timeout. Called from a control thread
+    while the training thread may be blocked in the collective, or from the training thread
+    that caught the failure first; it may run more than once per reset. sgd-torch shuts the
+    process group's connections down there. A hook registered twice runs once.
+    """
+
+    if hook not in INTERRUPT_HOOKS:
+        INTERRUPT_HOOKS.append(hook)
 
 
 def on_worker_run(context: Callable[[], ContextManager[Any]]) -> None:

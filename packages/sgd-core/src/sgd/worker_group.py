@@ -296,6 +296,10 @@ class WorkerGroup:
         """
         _check_count(num_workers, "num_workers")
         self._check_resizable("add_workers")
+        self._add(num_workers, node_id)
+
+    def _add(self, num_workers: int, node_id: Optional[str] = None) -> None:
+        """:meth:`add_workers` without its checks (a group re-forming in place, sgd.elastic)."""
         slots = self._reserve(num_workers, first=False, node_id=node_id)
         try:
             actors, metadata = self._launch(slots)
@@ -324,6 +328,11 @@ class WorkerGroup:
             raise ValueError(f"remove_workers: repeated indexes in {indexes}")
         if len(indexes) == n:
             raise ValueError("remove_workers would leave no worker; call shutdown() instead")
+        self._remove(indexes)
+
+    def _remove(self, indexes: List[int]) -> None:
+        """:meth:`remove_workers` without its checks (a group re-forming in place, sgd.elastic)."""
+        n = len(self.workers)
         gone = set(indexes)
         for i in sorted(gone):
             ray.kill(self.workers[i], no_restart=True)

@@ -27,7 +27,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
 from sgd.errors import WorkerDiedError
 from sgd.group.protocol import RunRequest
-from sgd.group.status import HEALTHY, Health, NodeInfo, Poll, checkpoint_round, report_round
+from sgd.group.status import HEALTHY, Arrival, Barrier, Health, NodeInfo, Poll, checkpoint_round, report_round
 
 
 @dataclass
@@ -62,7 +62,8 @@ class FakeGroup:
         #: what the workers do, per run attempt; consumed by :meth:`poll`
         self._events: Deque[Any] = deque()
         self._outcomes: Dict[str, Deque[Optional[BaseException]]] = {"start": deque(), "begin": deque(),
-                                                                       "restart": deque()}
+                                                                       "restart": deque(), "reform": deque(),
+                                                                       "grow": deque()}
         self._iteration = 0
         self._progress = [0] * num_workers
         self._last_progress = time.monotonic()
@@ -74,6 +75,8 @@ class FakeGroup:
         self.started = False
         #: the requests the run's starts got (the checkpoint and iteration each began from)
         self.requests: List[RunRequest] = []
+        #: what :attr:`recovers_in_place` says (the run is in ``sgd.elastic.run``)
+        self.in_place = False
 
     # --- scripting -------------------------------------------------------------------------
 
@@ -97,6 +100,19 @@ class FakeGroup:
     def raise_(self, error: BaseException) -> FakeGroup:
         """A worker's training function raises ``error`` (not retried by the default policy)."""
         self._events.append(("fail", error))
+        return self
+
+    def lose_in_place(self, rank: int = 1, commits: int = 0, message: str = "SIGKILL") -> FakeGroup:
+        """Worker ``rank`` dies in a run in ``sgd.elastic.run``: the others wait at the reset
+        barrier (after ``commits`` commits), and the group polls ``RESET`` (the controller
+        re-forms it in place: :meth:`reform`)."""
+        death = WorkerDiedError(f"worker rank {rank} died: {message}", rank)
+        self._events.append(("reset", {rank: death}, commits, True))
+        return self
+
+    def sync(self, commits: int = 0) -> FakeGroup:
+        """Every worker calls ``state.sync()`` (a reset barrier with nothing lost)."""
+        self._events.append(("reset", {}, commits, False))
         return self
 
     def idle(self, times: int = 1, since_s: float = 0.0) -> FakeGroup:
@@ -134,6 +150,10 @@ class FakeGroup:
     @property
     def restarts(self) -> int:
         return sum(1 for name, _ in self.calls if name == "restart")
+
+    @property
+    def reforms(self) -> int:
+        return sum(1 for name, _ in self.calls if name == "reform")
 
     def _record(self, name: str, **details: Any) -> Optional[BaseException]:
         self.calls.append((name, details))
@@ -179,6 +199,11 @@ class FakeGroup:
                 continue
             if kind == "fail":
                 return Poll.failed(event[1])
+            if kind == "reset":
+                _, gone, commits, failed = event
+                arrivals = {i: Arrival(commits, (commits, 1), "peer failed" if failed else "sync", failed)
+                            for i in range(self.num_workers) if i not in gone}
+                return Poll.reset(Barrier(arrivals, dict(gone)))
             if kind == "finish":
                 return Poll.finished(event[1] if event[1] is not None else [None] * self.num_workers)
             self._progress = [p + 1 for p in self._progress]
@@ -212,6 +237,19 @@ class FakeGroup:
             if size is not None:
                 self.num_workers = size
         return failed
+
+    def reform(self, barrier: Barrier, iteration: int) -> Optional[BaseException]:
+        failed = self._record("reform", gone=sorted(barrier.gone), iteration=iteration)
+        if failed is None and self.min_workers != self.max_workers:
+            self.num_workers = max(self.min_workers, len(barrier.arrivals))
+        return failed
+
+    @property
+    def recovers_in_place(self) -> bool:
+        return self.in_place
+
+    def grow(self, count: int) -> Optional[BaseException]:
+        return self._record("grow", count=count)
 
     def stacks(self, timeout_s: float = 10.0, include_idle: bool = False) -> List[str]:
         return [f"rank {i}: (a fake worker)\n" for i in range(self.num_workers)]

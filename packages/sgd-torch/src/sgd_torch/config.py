@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 
 import ray
 
-from sgd.backend import Backend, BackendConfig, free_address, on_worker_run_error, share_cuda_visible_devices
+from sgd.backend import (
+    Backend,
+    BackendConfig,
+    free_address,
+    on_worker_interrupt,
+    on_worker_run_error,
+    share_cuda_visible_devices,
+)
 
 if TYPE_CHECKING:
     from sgd.backend import Workers
@@ -92,6 +99,7 @@ def _init_process_group(backend: str, init_method: str, rank: int, world_size: i
         dist.destroy_process_group()
     if backend == "nccl":
         os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    before = _socket_inodes()
     dist.init_process_group(
         backend=backend,
         init_method=init_method,
@@ -99,8 +107,68 @@ def _init_process_group(backend: str, init_method: str, rank: int, world_size: i
         world_size=world_size,
         timeout=timedelta(seconds=timeout_s),
     )
+    # The sockets the group opened (its store and its connections to the peers): what an
+    # interrupt shuts (see _interrupt_process_group).
+    _GROUP_SOCKETS[:] = [(fd, link) for fd, link in _socket_inodes().items() if before.get(fd) != link]
+    on_worker_interrupt(_interrupt_process_group)
     if release_on_error:
         on_worker_run_error(_destroy_process_group)
+
+
+#: (fd, "socket:[inode]") of each socket the current process group opened on this worker.
+_GROUP_SOCKETS: list = []
+
+
+def _socket_inodes() -> Dict[int, str]:
+    out: Dict[int, str] = {}
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:  # not Linux: nothing to track; a blocked collective then ends at its timeout
+        return out
+    for fd in fds:
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:"):
+            out[int(fd)] = link
+    return out
+
+
+def _interrupt_process_group() -> None:
+    """Make a collective blocked on a lost peer fail now (sgd.elastic's interrupt), so the
+    worker comes to the reset barrier instead of waiting out ``timeout_s``.
+
+    gloo: shut down (not close: the group still owns them) the connections the group opened;
+    every pending and later operation on them fails at once, and so do the collectives of the
+    peers connected to this worker. Listening sockets are left alone (gloo's listener thread
+    aborts on one). Destroying the group is not enough: its connections close only once nothing
+    refers to it, and a DDP model or a failed step's frames do. NCCL: abort the communicators."""
+    import socket
+
+    if "torch" not in sys.modules:
+        return
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if dist.get_backend() == "nccl":
+        dist.distributed_c10d._abort_process_group()
+        return
+    for fd, link in list(_GROUP_SOCKETS):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") != link:
+                continue  # closed since, and the number reused
+            sock = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue
+        try:
+            if not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        finally:
+            sock.close()
 
 
 #: torch's global switches as this worker process had them before its first run.
@@ -253,6 +321,11 @@ class TorchBackend(Backend):
         use_gpu = worker_group.num_gpus_per_worker > 0
         gloo = (backend_config.backend or ("nccl" if use_gpu else "gloo")) == "gloo"
         return backend_config.keep_survivors and gloo
+
+    def reforms_in_place(self, worker_group: Workers, backend_config: BackendConfig) -> bool:
+        """The process group is built again in live processes (:meth:`on_start`), gloo or NCCL,
+        when sgd sets it up (not with ``init_process_group=False``: the code owns it then)."""
+        return isinstance(backend_config, TorchConfig) and backend_config.init_process_group
 
     @staticmethod
     def encode_data(data: Any) -> Any:

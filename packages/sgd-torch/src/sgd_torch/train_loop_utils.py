@@ -117,7 +117,12 @@ def prepare_model(
         model = model.to(device)
     if _amp()[0]:
         _autocast_forward(model, device)
-    if parallel_strategy is None or _world_size() <= 1:
+    if parallel_strategy is None:
+        return model
+    if _world_size() <= 1:
+        if parallel_strategy == "ddp":
+            # sgd_torch.elastic.TorchState wraps it once the group grows
+            setattr(model, "_sgd_ddp_kwargs", dict(kwargs))  # noqa: B010 (nn.Module's typed __setattr__)
         return model
     if parallel_strategy == "fsdp":
         return _fully_shard(model, kwargs)
@@ -131,7 +136,10 @@ def prepare_model(
     if device.type == "cuda":
         kwargs.setdefault("device_ids", [device.index])
         kwargs.setdefault("output_device", device.index)
-    return DistributedDataParallel(model, **kwargs)
+    ddp = DistributedDataParallel(model, **kwargs)
+    # sgd_torch.elastic.TorchState wraps the module again after a reset
+    setattr(ddp, "_sgd_ddp_kwargs", dict(kwargs))  # noqa: B010 (nn.Module's typed __setattr__)
+    return ddp
 
 
 def shard_units(model: torch.nn.Module) -> List[torch.nn.Module]:

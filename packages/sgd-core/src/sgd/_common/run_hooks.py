@@ -12,6 +12,9 @@ from typing import Any, Callable, ContextManager, List
 RUN_CONTEXTS: List[Callable[[], ContextManager[Any]]] = []
 #: run in the training thread, in order, when a training function raised
 RUN_ERROR_HOOKS: List[Callable[[], None]] = []
+#: run on a worker (from a control thread, or the training thread that caught a peer's failure)
+#: when its run in ``sgd.elastic.run`` must come to the reset barrier after a peer died
+INTERRUPT_HOOKS: List[Callable[[], None]] = []
 
 
 def run_error_hooks() -> None:

@@ -14,6 +14,7 @@ import ray
 
 from sgd._common.protocol import DirectWrite
 from sgd._worker.rank_logs import RankLog, rank_log_path
+from sgd._worker.resets import Resume
 from sgd._worker.session import STATE, Session, WorkerContext
 from sgd._worker.stacks import thread_stacks
 
@@ -124,9 +125,15 @@ class WorkerMixin:
         direct_write: Optional[DirectWrite] = None,
         run_info: Optional[Dict[str, Any]] = None,
         preloads: int = 0,
+        reforms: bool = False,
+        join: Optional[Resume] = None,
+        snapshot: Any = None,
     ) -> None:
         """Start a run: ``user_code`` is ``(train_func, encode, encode_checkpoint, checkpoint)``,
-        pickled (bytes) while preloads are pending on this worker."""
+        pickled (bytes) while preloads are pending on this worker.
+
+        ``reforms``: the backend can re-form the group in place (:mod:`sgd.elastic`); ``join``
+        (with the root's ``snapshot``): this worker joins a run that re-formed its group."""
         train_func, encode, encode_checkpoint, checkpoint = _user_code(user_code, preloads)
         previous = STATE.session
         if previous is not None and not previous.finished:
@@ -136,8 +143,10 @@ class WorkerMixin:
             STATE.context = dataclasses.replace(STATE.context, **run_info)  # type: ignore[arg-type]
         session = Session(
             train_func, STATE.context, encode, checkpoint, dataset_shard, max_pending, start_iteration,
-            encode_checkpoint, direct_write,
+            encode_checkpoint, direct_write, reforms,
         )
+        if join is not None:
+            session.resets.joined = (join, snapshot)
         STATE.session = session
         session.rank_log = _rank_log(session)
         session.start()
@@ -154,6 +163,42 @@ class WorkerMixin:
         so that a dead process shows up at once as an error on it."""
         if STATE.session is not None:
             STATE.session.join()
+
+    # --- in-place recovery (sgd.elastic) ---------------------------------------------------------
+
+    @ray.method(concurrency_group=CONTROL_GROUP)
+    def _sgd_elastic_interrupt(self, hard: bool) -> bool:
+        """Ask the run to come to the reset barrier (hard: a peer died, release the
+        collectives); whether the run is in ``sgd.elastic.run``."""
+        session = STATE.session
+        if session is None or session.finished:
+            return False
+        return session.resets.interrupt(hard)
+
+    @ray.method(concurrency_group=CONTROL_GROUP)
+    def _sgd_elastic_snapshot(self) -> Any:
+        """The run's state as last committed, for the workers that load it from this one."""
+        session = STATE.session
+        state = session.resets.state if session is not None else None
+        if state is None:
+            raise RuntimeError("this worker's run has no sgd.elastic state")
+        return state._peer_snapshot()
+
+    @ray.method(concurrency_group=CONTROL_GROUP)
+    def _sgd_elastic_resume(self, plan: Resume, snapshot: Any = None) -> None:
+        """Let the run waiting at the barrier go on in the new world ``plan`` describes."""
+        session = STATE.session
+        if session is None or session.finished:
+            raise RuntimeError("no run waits to re-form on this worker")
+        if plan.context is not None:
+            # The new place in the group, with what the run was told about itself kept.
+            run_fields = {f: getattr(session.context, f) for f in _RUN_FIELDS}
+            STATE.context = dataclasses.replace(plan.context, **run_fields)
+            session.context = STATE.context
+        if plan.shard is not None:
+            session.dataset_shard = plan.shard
+        session.set_iteration(plan.iteration)
+        session.resets.resume(plan, snapshot)
 
     @ray.method(concurrency_group=CONTROL_GROUP)
     def _sgd_notice(self, info: Any) -> int:
@@ -172,6 +217,11 @@ class WorkerMixin:
         if session is None:
             raise RuntimeError("no training run on this worker")
         return session.poll(max_items)
+
+
+#: The worker context's fields that describe the run rather than the worker's place.
+_RUN_FIELDS = ("experiment_name", "trial_dir", "trial_name", "trial_id", "driver_node_id", "driver_files",
+               "local_gpus")
 
 
 def _rank_log(session: Session) -> Any:

@@ -39,6 +39,7 @@ from sgd._common.protocol import (
 )
 from sgd._common.run_hooks import run_error_hooks, run_in_contexts
 from sgd._worker.driver_files import DriverFiles
+from sgd._worker.resets import ResetLink
 from sgd.checkpoint import METADATA_FILE, Checkpoint, write_dict_dir, write_directory_metadata, write_files
 from sgd.errors import PicklableError
 
@@ -136,6 +137,7 @@ class Session:
         start_iteration: int = 0,
         encode_checkpoint: Optional[Callable[[Any], Any]] = None,
         direct_write: Optional[DirectWrite] = None,
+        reforms: bool = False,
     ):
         self._train_func = train_func
         self.context = context
@@ -170,6 +172,9 @@ class Session:
         self._date_second = -1
         self._date = ""
         self._thread = threading.Thread(target=self._run, name="sgd-train", daemon=True)
+        #: in-place recovery (:mod:`sgd.elastic`): the reset barrier and the keys of the items
+        #: sent; ``reforms``: whether the run's backend can re-form the group in place.
+        self.resets = ResetLink(self._cv, lambda kind, data: self._put(_Item(kind, data)), reforms)
 
     # --- training thread -----------------------------------------------------
 
@@ -261,6 +266,11 @@ class Session:
         self._last_report_time = now
         return out
 
+    def set_iteration(self, iteration: int) -> None:
+        """The reports delivered so far, after the group re-formed (the next is one more)."""
+        with self._cv:
+            self._iteration = iteration
+
     def request_stop(self) -> None:
         """Make the training thread's next (or current, blocked) report or checkpoint raise
         :class:`RunStopped`. Called from the driver through the actor."""
@@ -316,9 +326,12 @@ class Session:
     def report(self, metrics: Dict[str, Any], checkpoint: Any = None) -> None:
         if self._notice is not None and self._notice_from is None:
             self._await_notice_from()
+        if self.resets.skips():
+            return  # delivered before the group re-formed (sgd.elastic): a step redone
         data = self._autofill(metrics)
         if checkpoint is None:
             self._put(_Item(REPORT, data))
+            self.resets.check()
             return
         # The checkpoint's content is taken now: the caller may delete its folder
         # as soon as report returns (``with tempfile.TemporaryDirectory()``).
@@ -329,6 +342,7 @@ class Session:
             while not item.acked:
                 self._wait()
         self.latest_checkpoint_object = checkpoint
+        self.resets.check()
 
     def _checkpoint_payload(self, checkpoint: Any) -> Any:
         """What travels to the driver for a checkpoint passed to ``sgd.report``."""
@@ -368,6 +382,8 @@ class Session:
     def save_checkpoint(self, state: Dict[str, Any]) -> None:
         # Only rank 0's state is kept; the other ranks send a marker so that
         # the driver can still check that every rank took part.
+        if self.resets.skips():
+            return
         data = None
         if self.context.world_rank == 0:
             data = self._write_direct(state) if self._direct_write else None
@@ -397,6 +413,8 @@ class Session:
             once; the driver commits it once sgd's metadata file appears in ``directory`` (write
             it last, atomically), and the run does not end before that (see :meth:`add_finalizer`).
         """
+        if self.resets.skips():
+            return
         data = None
         if self.context.world_rank == 0:
             if directory is None:

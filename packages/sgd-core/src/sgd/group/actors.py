@@ -20,6 +20,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Set
 
 import ray
+from ray.util.placement_group import remove_placement_group
 
 from sgd._common.nodes import NODE_CHECK_INTERVAL_S, NodeInfo, NodeWatch
 from sgd._common.protocol import DirectWrite
@@ -30,8 +31,9 @@ from sgd.group.deaths import deaths_as_errors, idle_survivors
 from sgd.group.hosts import announce_drain, read_health
 from sgd.group.inputs import RunInputs
 from sgd.group.protocol import RunRequest
+from sgd.group.reform import reform_in_place
 from sgd.group.rounds import RoundCollector
-from sgd.group.status import HEALTHY, Health, Poll
+from sgd.group.status import HEALTHY, Barrier, Health, Poll
 from sgd.plugins import get_plugin_manager, run_backend_teardown
 from sgd.utils import ensure_ray
 from sgd.worker_group import ResourcesUnavailableError, WorkerGroup, placement_timeout_s
@@ -92,6 +94,14 @@ class ActorGroup:
         self._inputs = RunInputs()
         self._health = HEALTHY
         self._next_health_check = 0.0
+        # The current run: its request, what its workers are told, rank 0's direct checkpoint
+        # writes, whether the backend can re-form the group in place (sgd.elastic).
+        self._request: Optional[RunRequest] = None
+        self._run_info: Dict[str, Any] = {}
+        self._direct: Optional[DirectWrite] = None
+        self._reforms = False
+        # Workers started to grow the current in-place run, not yet in the group (slots, actors, metadata).
+        self._joining: Optional[tuple] = None
 
     @property
     def needs_restart(self) -> bool:
@@ -346,8 +356,22 @@ class ActorGroup:
             os.makedirs(direct.directory, exist_ok=True)
         with deaths_as_errors(wg, "starting the training function"):
             self.hook.sgd_backend_training_start(**self._hook_kwargs())
+        self._request, self._run_info, self._direct = request, run_info, direct
+        self._reforms = self.backend.reforms_in_place(wg, self.backend_config)
+        refs = self._start_training(list(range(len(wg))), shards or [None] * len(wg), request.start_iteration)
+        # Until the run ends cleanly, assume it did not.
+        self._dirty = True
+        # Not waited for here: the collector waits on these with the rounds, so that a worker
+        # whose run failed at once is seen even while another one's start has not returned.
+        self._rounds = RoundCollector(wg.workers, starts=refs)
+
+    def _start_training(self, ranks: List[int], shards: List[Any], start_iteration: int,
+                        join: Any = None, snapshot: Any = None) -> List[Any]:
+        """Start the current run's function on the workers at ``ranks``; the start calls.
+        ``join`` (with the ``snapshot`` reference): they join a group that re-formed in place."""
+        wg, request = self.worker_group, self._request
+        assert wg is not None and self.backend is not None and request is not None
         backend_cls = type(self.backend)  # the encoders run on the workers: no instance state travels
-        shards = shards or [None] * len(wg)
         # Everything that may import a framework when unpickled (the function, the backend's
         # encoders, the checkpoint) travels pickled while a preload is pending on that worker,
         # which unpickles it once the preload finished (issue 18).
@@ -358,23 +382,72 @@ class ActorGroup:
         refs: List[Any] = []
         pickled: Optional[bytes] = None
         put: Dict[bool, Any] = {}
-        for rank, (w, shard) in enumerate(zip(wg.workers, shards)):
+        for rank in ranks:
             code, preloads = wg.user_code_for(rank, user_code, pickled)
             if preloads:
                 pickled = code
-            if len(wg) >= PUT_CODE_FROM:
+            if len(ranks) >= PUT_CODE_FROM:
                 if bool(preloads) not in put:
                     put[bool(preloads)] = ray.put(code)
                 code = put[bool(preloads)]
-            refs.append(w._sgd_start_training.remote(
-                code, shard, self.max_pending, request.start_iteration, direct if rank == 0 else None, run_info,
-                preloads,
+            refs.append(wg.workers[rank]._sgd_start_training.remote(
+                code, shards[rank], self.max_pending, start_iteration, self._direct if rank == 0 else None,
+                self._run_info, preloads, self._reforms, join, snapshot,
             ))
-        # Until the run ends cleanly, assume it did not.
-        self._dirty = True
-        # Not waited for here: the collector waits on these with the rounds, so that a worker
-        # whose run failed at once is seen even while another one's start has not returned.
-        self._rounds = RoundCollector(wg.workers, starts=refs)
+        return refs
+
+    # --- in-place recovery (sgd.elastic) -------------------------------------------------------
+
+    @property
+    def recovers_in_place(self) -> bool:
+        """Whether the current run announced ``sgd.elastic.run`` (a loss, or growth, re-forms
+        the group in place)."""
+        return self._rounds is not None and self._rounds.elastic and self._reforms
+
+    def grow(self, count: int) -> Optional[BaseException]:
+        """Start ``count`` more workers for the current in-place run, while it goes on; they
+        join at its next reset, which is asked for now (the runs come to the barrier at their
+        next commit or report). The failure to place or start them, or ``None``."""
+        wg = self.worker_group
+        assert wg is not None and self._rounds is not None
+        if self._joining is not None:
+            return None
+        timeout = wg._placement_timeout_s
+        wg._avoid_nodes = frozenset(self.nodes.avoid())
+        wg._placement_timeout_s = ELASTIC_ATTEMPT_S  # there was room a moment ago; else try again later
+        try:
+            with deaths_as_errors(None, "starting workers to grow the group"):
+                slots = wg._reserve(count, first=False)
+                try:
+                    actors, metadata = wg._launch(slots)
+                    if self._initialization_hook is not None:
+                        ray.get([a._sgd_execute.remote(self._initialization_hook, (), {}) for a in actors])
+                except BaseException:
+                    wg._own_pgs = [pg for pg in wg._own_pgs if all(pg is not s[0] for s in slots)]
+                    for pg in {id(s[0]): s[0] for s in slots}.values():
+                        remove_placement_group(pg)
+                    raise
+        except Exception as exc:
+            return exc
+        finally:
+            wg._placement_timeout_s = timeout
+        self._joining = (slots, actors, metadata)
+        logger.info("elastic: %d new worker(s) started; they join at the run's next commit", count)
+        self._rounds.request_reset()
+        return None
+
+    def reform(self, barrier: Barrier, iteration: int) -> Optional[BaseException]:
+        """Re-form the group in place around the workers waiting at ``barrier``: leave out the
+        ones gone, add new ones where the group needs them (a fixed size, or below its min),
+        set the backend up on the new group, and let the runs go on (new workers join them).
+        ``iteration``: the reports delivered so far. The failure to do so, or ``None``."""
+        try:
+            with deaths_as_errors(self.worker_group, "re-forming the group"):
+                reform_in_place(self, barrier, iteration)
+        except Exception as exc:
+            self._rounds = None
+            return exc
+        return None
 
     def poll(self, timeout_s: float) -> Poll:
         """The run's next round, its end, a failure, or idle after ``timeout_s``."""
@@ -405,6 +478,15 @@ class ActorGroup:
 
     def _end_rounds(self) -> None:
         self._rounds = None
+        if self._joining is not None and self.worker_group is not None:
+            # Started to grow a run that ended first: not part of the group.
+            slots, actors, _ = self._joining
+            for a in actors:
+                ray.kill(a, no_restart=True)
+            for pg in {id(s[0]): s[0] for s in slots if s[0] in self.worker_group._own_pgs}.values():
+                self.worker_group._own_pgs.remove(pg)
+                remove_placement_group(pg)
+        self._joining = None
         self._health, self._next_health_check = HEALTHY, 0.0
 
     def end(self, ok: bool, error: Optional[BaseException] = None) -> None:

@@ -25,7 +25,7 @@ from sgd.backend import BackendConfig
 from sgd.data import shard_datasets
 from sgd.group.protocol import RunRequest
 from sgd.group.rounds import POLL_BATCH, remote_exception
-from sgd.group.status import HEALTHY, Health, Poll
+from sgd.group.status import HEALTHY, Barrier, Health, Poll
 
 logger = logging.getLogger("sgd")
 
@@ -115,6 +115,16 @@ class InProcessGroup:
     def restart(self, error: Optional[BaseException], size: Optional[int] = None,
                 move: bool = False) -> Optional[BaseException]:
         return RuntimeError("local mode (num_workers=0) cannot restart its one worker: it is this process")
+
+    def reform(self, barrier: Barrier, iteration: int) -> Optional[BaseException]:
+        return RuntimeError("local mode (num_workers=0) has no group to re-form")
+
+    @property
+    def recovers_in_place(self) -> bool:
+        return False
+
+    def grow(self, count: int) -> Optional[BaseException]:
+        return RuntimeError("local mode (num_workers=0) has one worker: it cannot grow")
 
     def stacks(self, timeout_s: float = 10.0, include_idle: bool = False) -> List[str]:
         return [thread_stacks(0, include_idle)]  # this process: the training thread is one of its own

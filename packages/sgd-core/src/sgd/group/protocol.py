@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from sgd._common.nodes import NodeInfo
 from sgd._common.protocol import DirectWrite
-from sgd.group.status import Health, Poll
+from sgd.group.status import Barrier, Health, Poll
 
 try:
     from typing import Protocol, runtime_checkable
@@ -99,6 +99,22 @@ class RunGroup(Protocol):
         """Replace the workers after ``error`` (``None``: a clean replacement, as after an
         unclean end), or with ``move`` place the group anew at ``size`` (a resize). The
         failure to do so, or ``None``."""
+
+    def reform(self, barrier: Barrier, iteration: int) -> Optional[BaseException]:
+        """Re-form the group in place around the workers waiting at ``barrier`` (a
+        :data:`~sgd.group.status.PollKind.RESET` poll; :mod:`sgd.elastic`): survivors keep
+        their processes, the runs go on. ``iteration``: the reports delivered so far. The
+        failure to do so (the controller then restarts every worker), or ``None``. A group
+        that never polls ``RESET`` may return a failure."""
+
+    @property
+    def recovers_in_place(self) -> bool:
+        """Whether the current run recovers in place (it entered ``sgd.elastic.run`` and the
+        backend can re-form the group): a loss or growth then re-forms it (:meth:`reform`)."""
+
+    def grow(self, count: int) -> Optional[BaseException]:
+        """Start ``count`` more workers for the current in-place run; they join at its next
+        reset, which the group asks for (a ``RESET`` poll follows). The failure, or ``None``."""
 
     def stacks(self, timeout_s: float = 10.0, include_idle: bool = False) -> List[str]:
         """Every worker's Python stacks, one string per worker in rank order."""

@@ -13,7 +13,6 @@ round, the end, a death (:class:`~sgd.errors.WorkerDiedError`), a worker's own e
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections import deque
 from typing import Any, Deque, Dict, List, Optional, Tuple
@@ -21,11 +20,12 @@ from typing import Any, Deque, Dict, List, Optional, Tuple
 import ray
 from ray.exceptions import RayActorError
 
+from sgd._common.peers import reads_like_peer_failure
 from sgd._common.protocol import CHECKPOINT, CHECKPOINT_KEY, REPORT, RemoteError, decode_round
 from sgd._common.waits import wait
 from sgd._worker.unsendable import recover_poll
 from sgd.errors import WorkerDiedError, WorkerError
-from sgd.group.status import Poll
+from sgd.group.status import Barrier, Poll
 
 #: Most items one poll returns.
 POLL_BATCH = 4096
@@ -36,22 +36,22 @@ PREFETCH_BELOW = 4096
 #: (every round they complete is delivered) while they keep sending some: the driver gives up
 #: once none came for this long (a worker blocked in a collective with the failed one).
 ERROR_DRAIN_S = float(os.environ.get("SGD_ERROR_DRAIN_S", "5"))
+#: In-place recovery (sgd.elastic): once a reset began, how long the workers still in the group
+#: get to come to the barrier (a long step ends first; a hard interrupt fails a blocked
+#: collective at once), and how long one gets to answer the interrupt at all (a process that
+#: stopped answering, e.g. a silent host). Past either, the worker is stopped and left out.
+RESET_TIMEOUT_S = float(os.environ.get("SGD_ELASTIC_RESET_TIMEOUT_S", "60"))
+ANSWER_TIMEOUT_S = float(os.environ.get("SGD_ELASTIC_ANSWER_TIMEOUT_S", "5"))
+ELASTIC = "elastic"
+
 #: An error that reads like a peer's death (its collective lost the connection) is held this
 #: long while the driver watches for the death itself, which restarts the group instead.
 PEER_FAILURE_GRACE_S = float(os.environ.get("SGD_PEER_FAILURE_GRACE_S", "10"))
-_PEER_FAILURE = re.compile(
-    r"connection (reset|closed) by peer|broken pipe|connection refused|socket closed|"
-    r"communicator was aborted|nccl.*(remote|abort|error)|gloo/transport|gloo.*(timed out|timeout|connect)|"
-    r"DistBackendError",
-    re.IGNORECASE,
-)
-
-
 def looks_like_peer_failure(err: RemoteError) -> bool:
     """Whether a worker's error is what a collective raises when another worker died: a
     :class:`~sgd.errors.PeerFailureError` (flagged on the worker), or an error whose message
     reads like one of the collectives sgd knows (gloo, NCCL, torch.distributed)."""
-    return err.peer_failure or bool(_PEER_FAILURE.search(f"{err.type_name}: {err.message}"))
+    return err.peer_failure or reads_like_peer_failure(err.type_name, err.message)
 
 
 def remote_exception(err: RemoteError) -> BaseException:
@@ -97,7 +97,7 @@ def _awaits_ack(batch: List[Tuple[str, Any]]) -> bool:
 class RoundCollector:
     """Collects per-worker batches into rounds (one item per worker), in order."""
 
-    def __init__(self, workers: List[Any], starts: Optional[List[ray.ObjectRef]] = None):
+    def __init__(self, workers: List[Any], starts: Optional[List[Optional[ray.ObjectRef]]] = None):
         n = len(workers)
         self._workers = workers
         self._pending: List[Deque[Tuple[str, Any]]] = [deque() for _ in range(n)]
@@ -114,13 +114,24 @@ class RoundCollector:
         self._watches: Dict[ray.ObjectRef, int] = {}
         self._starting: Dict[ray.ObjectRef, int] = {}
         for i, w in enumerate(workers):
-            if starts is not None:
-                self._starting[starts[i]] = i
+            start = starts[i] if starts is not None else None
+            if start is not None:
+                self._starting[start] = i
             else:
                 self._watches[w._sgd_watch.remote()] = i
-        self._started = [starts is None] * n
+        self._started = [starts is None or starts[i] is None for i in range(n)]
         #: when (monotonic) a worker last sent an item, ended or started its run
         self.last_progress = time.monotonic()
+        # In-place recovery (sgd.elastic): whether the run announced it; the workers waiting at
+        # the reset barrier (index -> Arrival) and the ones out of the group (index -> why);
+        # the interrupts sent (call -> (index, when)); when the reset's time is up.
+        self.elastic = False
+        self._arrived: Dict[int, Any] = {}
+        self._gone: Dict[int, BaseException] = {}
+        self._interrupts: Dict[ray.ObjectRef, Tuple[int, float]] = {}
+        self._interrupted_hard = False
+        self._reset_deadline: Optional[float] = None
+        self._growing = False
 
     def poll(self, timeout_s: float) -> Poll:
         """The next round, the end, a failure, or idle when nothing came within ``timeout_s``.
@@ -138,11 +149,25 @@ class RoundCollector:
             return Poll.finished(self.returns)
         if got is _IDLE:
             return Poll.idle([sum(c.values()) for c in self._kind_counts], self.last_progress)
+        if isinstance(got, Barrier):
+            return Poll.reset(got)
         return Poll.of_round(got)
 
     def _next(self, deadline: float) -> Any:
         """A round, ``None`` (every worker finished) or ``_IDLE`` (nothing by ``deadline``)."""
         while True:
+            if self._arrived or self._gone:
+                got = self._next_in_reset()
+                if got is not None:
+                    return got
+                if self._error is None:
+                    self._poll_live()
+                    ready = self._wait(min(deadline, self._reset_time_left()) - time.monotonic())
+                    self._receive(ready)
+                    self._check_reset_time()
+                    if not ready and time.monotonic() >= deadline:
+                        return _IDLE
+                    continue
             if all(self._pending):
                 items = [p.popleft() for p in self._pending]
                 kinds = {k for k, _ in items}
@@ -168,12 +193,121 @@ class RoundCollector:
                 return _IDLE
             self._receive(ready)
 
+    # --- in-place recovery (sgd.elastic) ---------------------------------------------------------
+
+    def _next_in_reset(self) -> Any:
+        """While the group waits to re-form: a round from the items that workers out of the
+        stream (gone, or waiting) left, or the :class:`Barrier` once every live worker waits
+        and its items are all delivered; ``None``: wait for more."""
+        n = len(self._workers)
+        out = set(self._gone) | set(self._arrived)
+        if any(self._done[i] for i in range(n) if i not in self._gone):
+            # A run that already returned cannot re-form: the group restarts from the checkpoint.
+            raise next(iter(self._gone.values()), None) or WorkerDiedError(
+                "a worker's run ended while its group re-formed", -1)
+        live_items = [i for i in range(n) if i not in self._gone and self._pending[i]]
+        if live_items and all(self._pending[i] or i in out for i in range(n)):
+            # A round only some finished: delivered with what the others sent (the workers that
+            # are gone may have sent theirs; items only they sent are redone by the survivors).
+            taken = [i for i in range(n) if self._pending[i]]
+            items = [self._pending[i].popleft() for i in taken]
+            kind = items[0][0]
+            if any(k != kind for k, _ in items):
+                self._mismatch_kinds(items)
+            if kind == CHECKPOINT and taken[0] != 0:
+                return self._next_in_reset()  # rank 0's state is lost with it: no checkpoint to keep
+            return decode_round(kind, [d for _, d in items])
+        if all(i in out for i in range(n)) and not live_items:
+            if not self._arrived:  # every worker is gone: nothing to re-form
+                first = next(iter(self._gone.values()))
+                lost = WorkerDiedError(f"every worker of the group was lost (the first: {first})", -1)
+                lost.lost_every_worker = True  # type: ignore[attr-defined]
+                lost.__cause__ = first
+                raise lost
+            for i in self._gone:
+                self._pending[i].clear()
+            return Barrier(dict(self._arrived), dict(self._gone), grew=self._growing)
+        return None
+
+    def _poll_live(self) -> None:
+        for i in range(len(self._workers)):
+            if not self._pending[i] and not self._done[i] and i not in self._gone and i not in self._arrived:
+                self._poll(i)
+
+    def _reset_time_left(self) -> float:
+        return self._reset_deadline if self._reset_deadline is not None else float("inf")
+
+    def _begin_reset(self, hard: bool) -> None:
+        """Ask every worker still running to come to the barrier (hard: a peer died, fail the
+        collectives it is blocked in)."""
+        now = time.monotonic()
+        if self._reset_deadline is None:
+            self._reset_deadline = now + RESET_TIMEOUT_S
+        elif not hard or self._interrupted_hard:
+            return
+        self._interrupted_hard = self._interrupted_hard or hard
+        for i, w in enumerate(self._workers):
+            if i not in self._gone and i not in self._arrived and not self._done[i]:
+                self._interrupts[w._sgd_elastic_interrupt.remote(hard)] = (i, now)
+
+    def request_reset(self) -> None:
+        """Ask every worker to come to the barrier at its next commit or report (new workers
+        are waiting to join: not a failure)."""
+        self._growing = True
+        self._begin_reset(hard=False)
+
+    def _lose(self, i: int, error: BaseException) -> None:
+        """Worker ``i`` is out of the group (dead, or stopped for not answering)."""
+        self._gone.setdefault(i, error)
+        self._arrived.pop(i, None)
+        self._polling.discard(i)
+        for calls in (self._inflight, self._watches, self._starting):
+            for ref in [r for r, j in calls.items() if j == i]:
+                del calls[ref]
+        for ref in [r for r, (j, _) in self._interrupts.items() if j == i]:
+            del self._interrupts[ref]
+        self._begin_reset(hard=True)
+
+    def _check_reset_time(self) -> None:
+        """Stop the workers that did not answer the interrupt, or did not come in time."""
+        now = time.monotonic()
+        late = [(i, f"did not answer within {ANSWER_TIMEOUT_S:.3g}s (its process or host stopped responding)")
+                for (i, sent) in self._interrupts.values() if now - sent >= ANSWER_TIMEOUT_S]
+        if self._reset_deadline is not None and now >= self._reset_deadline:
+            late += [(i, f"did not come to the reset within {RESET_TIMEOUT_S:.3g}s (SGD_ELASTIC_RESET_TIMEOUT_S)")
+                     for i in range(len(self._workers)) if i not in self._gone and i not in self._arrived]
+        for i, why in late:
+            if i in self._gone:
+                continue
+            try:
+                ray.kill(self._workers[i], no_restart=True)
+            except Exception:
+                pass
+            self._lose(i, WorkerDiedError(f"worker rank {i} {why}; stopped and left out of the group", i))
+
+    def _take_elastic(self, i: int, arrival: Any) -> None:
+        self.elastic = True
+        if not arrival.waits:
+            return
+        self._arrived[i] = arrival
+        self._polling.discard(i)
+        for ref in [r for r, (j, _) in self._interrupts.items() if j == i]:
+            del self._interrupts[ref]
+        if arrival.failed or self._growing:
+            # After a failure, or once the first worker waits for new ones to join: the others
+            # may be blocked in a collective the waiting ones will not join; fail it now.
+            self._begin_reset(hard=True)
+        elif self._reset_deadline is None:
+            self._reset_deadline = time.monotonic() + RESET_TIMEOUT_S  # a sync: everyone comes by itself
+
     def _wait(self, timeout: float) -> List[Any]:
         """The calls that returned: every one that has (one ``ray.wait`` for all of them, so
         the driver's waits per round do not grow with the workers), or else the first one
         to return within ``timeout`` (none if it passed). The controller polls in short
         slices, so a signal (Ctrl-C) is handled between them."""
-        waiting = [*self._inflight, *self._watches, *self._starting]
+        waiting = [*self._inflight, *self._watches, *self._starting, *self._interrupts]
+        if not waiting:
+            return []
         ready, _ = ray.wait(waiting, num_returns=len(waiting), timeout=0)
         if not ready and timeout > 0:
             ready, _ = ray.wait(waiting, num_returns=1, timeout=timeout)
@@ -182,12 +316,32 @@ class RoundCollector:
     def _receive(self, ready: List[Any]) -> None:
         """Take in the calls that returned: a watch (a death, or the run's end) or a poll's batch."""
         for ref in ready:
-            if ref in self._watches or ref in self._starting:
-                self._check_watch(ref)
+            if ref in self._interrupts:
+                i, _ = self._interrupts.pop(ref)
+                try:
+                    ray.get(ref)
+                except RayActorError as exc:
+                    self._lose(i, WorkerDiedError(f"worker rank {i} died: {short_error(exc)}", i))
                 continue
-            i = self._inflight.pop(ref)
-            self._polling.discard(i)
-            batch, finished, value, error = self._get_poll(ref, i)
+            if ref not in self._watches and ref not in self._starting and ref not in self._inflight:
+                continue  # a call of a worker that is gone
+            try:
+                if ref in self._watches or ref in self._starting:
+                    self._check_watch(ref)
+                    continue
+                i = self._inflight.pop(ref)
+                self._polling.discard(i)
+                batch, finished, value, error = self._get_poll(ref, i)
+            except WorkerDiedError as death:
+                if not self.elastic:
+                    raise
+                self._lose(death.world_rank, death)
+                continue
+            if any(kind == ELASTIC for kind, _ in batch):
+                for kind, data in batch:
+                    if kind == ELASTIC:
+                        self._take_elastic(i, data)
+                batch = [item for item in batch if item[0] != ELASTIC]
             if batch or finished or error is not None:
                 self.last_progress = time.monotonic()
             if error is not None:
@@ -206,12 +360,14 @@ class RoundCollector:
             if finished:
                 self._done[i] = True
                 self.returns[i] = value
-            elif error is None and len(self._pending[i]) < PREFETCH_BELOW and not _awaits_ack(batch):
+            elif (error is None and len(self._pending[i]) < PREFETCH_BELOW and not _awaits_ack(batch)
+                  and i not in self._arrived):
                 self._poll(i)
 
     def _poll(self, i: int) -> None:
-        """Open a poll on worker ``i`` unless one is open (or its run has not started yet)."""
-        if i not in self._polling and self._started[i]:
+        """Open a poll on worker ``i`` unless one is open (or its run has not started yet, or
+        it waits at the reset barrier, or is gone)."""
+        if i not in self._polling and self._started[i] and i not in self._arrived and i not in self._gone:
             self._polling.add(i)
             self._inflight[self._workers[i]._sgd_poll.remote(POLL_BATCH)] = i
 

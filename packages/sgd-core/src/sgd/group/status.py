@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional
 
 from sgd._common.nodes import NodeInfo
 from sgd._common.protocol import CHECKPOINT, CHECKPOINT_KEY, REPORT, Round, decode_round
+from sgd._worker.resets import Arrival
 from sgd.errors import WorkerDiedError
 
 
@@ -25,6 +26,7 @@ class PollKind(enum.Enum):
     ERROR = "error"  # a worker raised, or the workers are out of step: ``error`` (not retried)
     DIED = "died"  # a worker's process (or its host) is gone: ``error``, a WorkerDiedError
     IDLE = "idle"  # nothing within the poll's timeout
+    RESET = "reset"  # every worker left waits to re-form in place (sgd.elastic): ``barrier``
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ class Poll:
     error: Optional[BaseException] = None
     progress: List[int] = field(default_factory=list)
     last_progress: float = 0.0
+    barrier: Optional[Barrier] = None
 
     @classmethod
     def of_round(cls, round_: Round) -> Poll:
@@ -58,8 +61,42 @@ class Poll:
         return cls(kind, error=error)
 
     @classmethod
+    def reset(cls, barrier: Barrier) -> Poll:
+        return cls(PollKind.RESET, barrier=barrier)
+
+    @classmethod
     def idle(cls, progress: List[int], last_progress: float) -> Poll:
         return cls(PollKind.IDLE, progress=list(progress), last_progress=last_progress)
+
+
+@dataclass(frozen=True)
+class Barrier:
+    """Every worker still in the group waits at the reset barrier (:mod:`sgd.elastic`): the
+    group can re-form in place around them (:meth:`RunGroup.reform`).
+
+    :ivar arrivals: by worker index, what each waiting worker told (its commit count, the
+        last item it sent, why it is there): :class:`sgd._worker.resets.Arrival`.
+    :ivar gone: by worker index, why a worker is out of the group (its death, or it did not
+        come to the barrier in time and was stopped).
+    :ivar grew: see below.
+    """
+
+    arrivals: Dict[int, Any]
+    gone: Dict[int, BaseException] = field(default_factory=dict)
+    #: the reset was asked for because new workers wait to join (a collective failed by its
+    #: interrupt is then not a failure)
+    grew: bool = False
+
+    @property
+    def failure(self) -> Optional[BaseException]:
+        """What went wrong, for the failure policy (``None``: a sync, nothing failed)."""
+        if self.gone:
+            return next(iter(self.gone.values()))
+        failed = [f"rank {i}: {a.reason}" for i, a in sorted(self.arrivals.items()) if a.failed]
+        if failed and not self.grew:
+            return WorkerDiedError("a collective failed on every worker with none lost (" + "; ".join(failed)
+                                   + "); re-forming the group", -1)
+        return None
 
 
 @dataclass(frozen=True)
@@ -92,4 +129,5 @@ def checkpoint_round(state: Any, num_workers: int) -> Round:
     return decode_round(CHECKPOINT, [state] + [None] * (num_workers - 1))
 
 
-__all__ = ["HEALTHY", "Health", "NodeInfo", "Poll", "PollKind", "Round", "checkpoint_round", "report_round"]
+__all__ = ["Arrival", "Barrier", "HEALTHY", "Health", "NodeInfo", "Poll", "PollKind", "Round", "checkpoint_round",
+           "report_round"]

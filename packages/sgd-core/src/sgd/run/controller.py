@@ -38,13 +38,24 @@ from sgd.callbacks import TrainingCallback
 from sgd.checkpoint import SHARDED_KEY, CheckpointStrategy
 from sgd.checkpoint.manager import CheckpointManager
 from sgd.data import DatasetConfig
-from sgd.errors import ResourcesUnavailableError
+from sgd.errors import ResourcesUnavailableError, TrainingFailedError
 from sgd.group.protocol import RunGroup, RunRequest
-from sgd.group.status import Poll, PollKind
+from sgd.group.status import Barrier, Poll, PollKind
 from sgd.run.delivery import Delivery
 from sgd.run.health import STACKS_CHECK_INTERVAL_S, answer_stacks_request, hang_error
 from sgd.run.policies import ClusterView, Failure, FailurePolicy, Raise, Resize, ScalingPolicy, Wait
-from sgd.run.states import _ENDED, Ended, Failing, Resizing, Restarting, Running, RunState, Starting, State
+from sgd.run.states import (
+    _ENDED,
+    Ended,
+    Failing,
+    Reforming,
+    Resizing,
+    Restarting,
+    Running,
+    RunState,
+    Starting,
+    State,
+)
 
 logger = logging.getLogger("sgd")
 
@@ -246,9 +257,34 @@ class ActiveRun:
         else:
             self._to(Restarting(failure, decision.attempt))
 
+    def _reset(self, barrier: Barrier) -> None:
+        """Every worker left waits at the reset barrier (sgd.elastic): after a loss the failure
+        policy decides (an in-place recovery counts against ``max_retries``); a sync re-forms
+        at once."""
+        failure = barrier.failure
+        if failure is None:
+            self._to(Reforming(barrier, 0))
+            return
+        decision = self._controller.failures.decide(Failure(failure, "training"))
+        if isinstance(decision, Raise):
+            self._to(Failing(decision.error))
+        else:
+            self._to(Reforming(barrier, decision.attempt))
+
     def _recover(self, error: Optional[BaseException], resize: Optional[Resize] = None) -> None:
         """Replace the group (after ``error``, or placed anew by ``resize``) and start the run
         again from the latest checkpoint; a failure on the way is decided like any other."""
+        if (getattr(error, "lost_every_worker", False) and self._spec.checkpoint is None
+                and self._manager.restorable() is None):
+            # A run that recovers in place (sgd.elastic) keeps its state in the workers' memory:
+            # with all of them gone and no checkpoint, starting over would silently lose it all.
+            given_up = TrainingFailedError(
+                f"{error}; the run kept its state in the workers' memory (sgd.elastic) and saved no checkpoint "
+                "to restart from. Report a checkpoint from time to time (sgd.report(metrics, checkpoint=...)) so "
+                "that losing every worker at once resumes from it.")
+            given_up.__cause__ = error
+            self._to(Failing(given_up))
+            return
         failed = self._group.restart(error, size=resize.num_workers if resize is not None else None,
                                      move=resize is not None)
         if isinstance(failed, ResourcesUnavailableError):
@@ -290,6 +326,7 @@ class ActiveRun:
             self._fail(health.lost, "training")
             return
         if not health.draining:
+            self._grow_in_place(now)
             return
         if self._drain is None:
             self._drain = dict(health.draining)
@@ -301,13 +338,28 @@ class ActiveRun:
             if isinstance(decision, Resize):
                 self._resize = decision
 
+    def _grow_in_place(self, now: float) -> None:
+        """A run that recovers in place (sgd.elastic) grows without a restart: when an elastic
+        group below its max finds room (looked for at most every ``GROW_CHECK_INTERVAL_S``), the
+        new workers start while training goes on and join at the next commit."""
+        group, scaling = self._group, self._controller.scaling
+        if (not scaling.elastic or group.num_workers >= scaling.max_workers or now < self._next_grow_check
+                or not group.recovers_in_place):
+            return
+        self._next_grow_check = now + GROW_CHECK_INTERVAL_S
+        decision = scaling.decide(ClusterView(group.room()), group.num_workers)
+        if isinstance(decision, Resize) and decision.num_workers > group.num_workers:
+            failed = group.grow(decision.num_workers - group.num_workers)
+            if failed is not None:
+                logger.info("elastic: could not grow the group now (%s); trying again later", failed)
+
     def _after_checkpoint(self) -> None:
         """A checkpoint was just committed (the workers wait for its acknowledgement): ask the
         scaling policy whether to leave a draining host or grow an elastic group. A resize is
         carried out before the next round."""
         group, scaling = self._group, self._controller.scaling
         if self._drain is None:
-            if not scaling.elastic or group.num_workers >= scaling.max_workers:
+            if not scaling.elastic or group.num_workers >= scaling.max_workers or group.recovers_in_place:
                 return  # nothing could change: no need to read the cluster
             now = time.monotonic()
             if now < self._next_grow_check:
@@ -352,6 +404,15 @@ class ActiveRun:
             self._fail(state.error, "starting the run")
         elif isinstance(state, Restarting):
             self._recover(state.failure.error)
+        elif isinstance(state, Reforming):
+            failed = self._group.reform(state.barrier, self._delivery.delivered_iteration)
+            if failed is None:
+                self._to(Running())
+            else:
+                # Not counted again: the same loss, now recovered the old way.
+                logger.warning("re-forming the group in place failed (%s); restarting every worker from the "
+                               "latest checkpoint", failed)
+                self._to(Restarting(Failure(failed, "re-forming the group in place"), state.attempt))
         elif isinstance(state, Resizing):
             logger.warning("%s; restarting %d workers from the latest checkpoint (not a failure)",
                            state.resize.reason, state.resize.num_workers)
@@ -373,6 +434,10 @@ class ActiveRun:
             elif poll.kind in (PollKind.ERROR, PollKind.DIED):
                 assert poll.error is not None
                 self._fail(poll.error, "training")
+                return None
+            elif poll.kind is PollKind.RESET:
+                assert poll.barrier is not None
+                self._reset(poll.barrier)
                 return None
             else:
                 results = None

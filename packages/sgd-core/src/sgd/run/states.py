@@ -7,6 +7,7 @@ import enum
 from dataclasses import dataclass
 from typing import Optional, Union
 
+from sgd.group.status import Barrier
 from sgd.run.policies import Failure, Resize
 
 
@@ -17,6 +18,7 @@ class RunState(enum.Enum):
     RUNNING = "running"  # rounds are being collected
     RESTARTING = "restarting"  # after a failure the policy retries: new workers, latest checkpoint
     RESIZING = "resizing"  # a scaling decision: the group is placed anew (not a failure)
+    REFORMING = "reforming"  # every worker left waits at the reset barrier: re-formed in place (sgd.elastic)
     FAILING = "failing"  # the policy gave up: the run ends as errored with ``error``
     FINISHED = "finished"
     ERRORED = "errored"
@@ -57,6 +59,16 @@ class Resizing:
 
 
 @dataclass(frozen=True)
+class Reforming:
+    """The run recovers in place (:mod:`sgd.elastic`): the group re-forms around the workers
+    at ``barrier``; ``attempt``: the policy's count when it follows a failure (``0`` for a sync)."""
+
+    barrier: Barrier
+    attempt: int
+    kind = RunState.REFORMING
+
+
+@dataclass(frozen=True)
 class Failing:
     """The policy gave up: ``error`` is what the user gets."""
 
@@ -72,8 +84,8 @@ class Ended:
     error: Optional[BaseException] = None
 
 
-State = Union[Starting, Running, Restarting, Resizing, Failing, Ended]
+State = Union[Starting, Running, Restarting, Resizing, Reforming, Failing, Ended]
 _ENDED = (RunState.FINISHED, RunState.ERRORED, RunState.STOPPED)
 
 
-__all__ = ["Ended", "Failing", "Resizing", "Restarting", "RunState", "Running", "Starting", "State"]
+__all__ = ["Ended", "Failing", "Reforming", "Resizing", "Restarting", "RunState", "Running", "Starting", "State"]

@@ -2,77 +2,46 @@
 
 from __future__ import annotations
 
-import datetime
 import logging
-import math
 import os
-import re
 import weakref
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from sgd import plugins as plugin_registry
+from sgd._common.public import public_module
 from sgd._internal.run_dir import RunDirectory
 from sgd.backend import BackendConfig
 from sgd.callbacks import TrainingCallback
-from sgd.checkpoint import Checkpoint, CheckpointStrategy
+from sgd.checkpoint import Checkpoint
 from sgd.checkpoint.format import SHARDED_KEY, is_sharded
 from sgd.checkpoint.manager import CheckpointManager
 from sgd.checkpoint.preprocessor import encode_preprocessor
 from sgd.checkpoint.storage import is_uri, storage_for
 from sgd.data import DatasetConfig
-from sgd.group.actors import ActorGroup
-from sgd.group.in_process import InProcessGroup, check_local
-from sgd.plugins import PluginManager, plugin_manager_for, resolve_backend
-from sgd.run.controller import ActiveRun, RunController, RunSpec
-from sgd.utils import resolve_num_workers, resolve_resources, results_root, wrap_train_func
+from sgd.group.in_process import check_local
+from sgd.plugins import PluginManager, plugin_manager_for
+from sgd.run.controller import RunController, RunSpec
+from sgd.trainer.arguments import (
+    backend_config_of,
+    check_dataset_config,
+    check_placement_timeout,
+    checkpoint_dict,
+    checkpoint_strategy_of,
+    resolve_logdir,
+    seconds_or_none,
+)
+from sgd.trainer.controller import make_controller, release_workers
+from sgd.trainer.iterator import TrainingIterator
+from sgd.trainer.run_dirs import open_run
+from sgd.trainer.settings import resource_table, restored_arguments, settings_json
+from sgd.utils import resolve_num_workers, resolve_resources, wrap_train_func
 from sgd.worker_group import PLACEMENT_STRATEGIES, WorkerGroup
 
 logger = logging.getLogger("sgd")
 
-_RUN_DIR = re.compile(r"^run_(\d{3,})$")
 
-
-def _resolve_logdir(logdir: Optional[Union[str, os.PathLike]]) -> Path:
-    if logdir is None:
-        stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-        return (results_root() / f"train_{stamp}").resolve()
-    path = Path(logdir).expanduser()
-    if not path.is_absolute():
-        path = results_root() / path
-    return path.resolve()
-
-
-def _resolve_backend(backend: Any, pm: Optional[PluginManager] = None) -> BackendConfig:
-    if isinstance(backend, BackendConfig):
-        return backend
-    if isinstance(backend, str):
-        return resolve_backend(backend, pm).config_cls()
-    raise TypeError(
-        f"backend must be a backend name (str) or a BackendConfig instance, got {type(backend).__name__}"
-    )
-
-
-def _release_workers(controller: Any) -> None:
-    """Shut down the workers of a trainer that was garbage collected while started."""
-    try:
-        controller.shutdown()
-    except Exception:  # Ray already gone: so are the workers
-        logging.getLogger("sgd").debug("releasing the workers of a collected trainer failed", exc_info=True)
-
-
-def _seconds_or_none(value: Any, name: str) -> Optional[float]:
-    if value is None:
-        return None
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        seconds = -1.0
-    if isinstance(value, bool) or not seconds > 0:
-        raise ValueError(f"{name} must be a number of seconds > 0 or None, got {value!r}")
-    return seconds
-
-
+@public_module("sgd.trainer")
 class Trainer:
     """Runs a training function on ``num_workers`` Ray actors with ``backend`` set up.
 
@@ -119,14 +88,8 @@ class Trainer:
         plugins: Optional[Sequence[object]] = None,
         hang_timeout_s: Optional[float] = None,
     ):
-        if placement_timeout_s is not None and (
-            isinstance(placement_timeout_s, bool) or not isinstance(placement_timeout_s, (int, float))
-            or not placement_timeout_s >= 0
-        ):
-            raise ValueError(
-                f"placement_timeout_s must be a number of seconds >= 0 or None, got {placement_timeout_s!r}")
-        self.placement_timeout_s = None if placement_timeout_s is None else float(placement_timeout_s)
-        self.hang_timeout_s = _seconds_or_none(hang_timeout_s, "hang_timeout_s")
+        self.placement_timeout_s = check_placement_timeout(placement_timeout_s)
+        self.hang_timeout_s = seconds_or_none(hang_timeout_s, "hang_timeout_s")
         self._min_workers, self._max_workers = resolve_num_workers(num_workers)
 
         if placement_strategy not in PLACEMENT_STRATEGIES:
@@ -137,7 +100,7 @@ class Trainer:
         #: the installed ones: see :attr:`plugin_manager`.
         self.plugins: List[object] = list(plugins or ())
         self._plugin_manager: Optional[Tuple[Any, PluginManager]] = None
-        self._backend_config = _resolve_backend(backend, self.plugin_manager)
+        self._backend_config = backend_config_of(backend, self.plugin_manager)
         self._use_gpu = bool(use_gpu)
         self._resources = resolve_resources(self._use_gpu, resources_per_worker)
         if self._max_workers == 0:
@@ -145,7 +108,7 @@ class Trainer:
         if not isinstance(max_retries, int) or max_retries < -1:
             raise ValueError(f"max_retries must be an int >= -1 (-1: unlimited), got {max_retries!r}")
         self.max_retries = max_retries
-        self.logdir: Path = _resolve_logdir(logdir)
+        self.logdir: Path = resolve_logdir(logdir)
         #: Where checkpoints are also copied: ``storage_path/<logdir name>/run_NNN/checkpoints/``.
         self.storage_path: Optional[str] = None
         if storage_path is not None:
@@ -281,21 +244,7 @@ class Trainer:
         run = RunDirectory.open(Path(run_dir))
         run.trusted = trusted
         settings = run.read_settings()
-        if backend is None:
-            backend = resolve_backend(settings["backend"]).config_cls(**settings["backend_config"])
-        trainer = cls(
-            backend=backend,
-            num_workers=tuple(settings["num_workers"]) if settings["num_workers"][0] != settings["num_workers"][1]
-            else settings["num_workers"][0],
-            use_gpu=settings["use_gpu"],
-            resources_per_worker=settings["resources_per_worker"],
-            logdir=run.path.parent,
-            max_retries=settings["max_retries"],
-            storage_path=settings.get("storage_path"),
-            placement_strategy=settings.get("placement_strategy", "PACK"),
-            placement_timeout_s=settings.get("placement_timeout_s"),
-            hang_timeout_s=settings.get("hang_timeout_s"),
-        )
+        trainer = cls(**restored_arguments(settings, backend), logdir=run.path.parent)
         trainer._resume_run = run
         return trainer
 
@@ -304,31 +253,15 @@ class Trainer:
     def _make_controller(self) -> RunController:
         # The trainer's one plugin manager (the installed plugins and this trainer's own; pytest
         # keeps one per session): every hook of its group's lifecycle goes through it.
-        hook = self.plugin_manager.hook
-        if self._max_workers == 0:  # local mode: the function in this process
-            gpus = max(1, math.ceil(self._resources.get("GPU", 1))) if self._use_gpu else 0
-            # No worker process can die: an error is the function's own, never retried.
-            return RunController(InProcessGroup(self._backend_config, hook, gpus), max_retries=0)
-        group = ActorGroup(self._backend_config, self._max_workers, self._resources,
-                           min_workers=self._min_workers, placement_strategy=self.placement_strategy,
-                           placement_timeout_s=self.placement_timeout_s, hook=hook)
-        return RunController(group, self.max_retries, hang_timeout_s=self._hang_timeout())
-
-    def _hang_timeout(self) -> Optional[float]:
-        if self.hang_timeout_s is not None:
-            return self.hang_timeout_s
-        return _seconds_or_none(os.environ.get("SGD_HANG_TIMEOUT_S") or None, "SGD_HANG_TIMEOUT_S")
+        return make_controller(self._backend_config, self.plugin_manager.hook, min_workers=self._min_workers,
+                               max_workers=self._max_workers, resources=self._resources, use_gpu=self._use_gpu,
+                               placement_strategy=self.placement_strategy,
+                               placement_timeout_s=self.placement_timeout_s, max_retries=self.max_retries,
+                               hang_timeout_s=self.hang_timeout_s)
 
     def _settings_json(self) -> Dict[str, Any]:
         """:meth:`settings` as ``trainer.json`` keeps them (what :meth:`restore` reads)."""
-        import dataclasses
-
-        config = self._backend_config
-        settings = self.settings()
-        settings.pop("plugins")  # objects: a restored trainer is given its plugins again
-        return dict(settings, backend=config.name,
-                    backend_config=dataclasses.asdict(config) if dataclasses.is_dataclass(config) else {},
-                    num_workers=[self._min_workers, self._max_workers])
+        return settings_json(self.settings(), self._backend_config, self._min_workers, self._max_workers)
 
     def start(self, initialization_hook: Optional[Callable[[], Any]] = None) -> None:
         """Start the workers, run ``initialization_hook`` on each, set the backend up.
@@ -346,7 +279,7 @@ class Trainer:
         self._controller = controller
         # A trainer dropped without shutdown() (a notebook cell that builds a new one under the
         # same name, say) releases its workers when it is collected, not when the process ends.
-        self._release = weakref.finalize(self, _release_workers, controller)
+        self._release = weakref.finalize(self, release_workers, controller)
         self._release.atexit = False  # at exit the workers go with the driver anyway
 
     def shutdown(self) -> None:
@@ -385,35 +318,6 @@ class Trainer:
 
     # --- running ----------------------------------------------------------------------
 
-    def _next_run_dir(self) -> Path:
-        self.logdir.mkdir(parents=True, exist_ok=True)
-        numbers = [int(m.group(1)) for p in self.logdir.iterdir() if (m := _RUN_DIR.match(p.name))]
-        number = max(numbers, default=0) + 1
-        while True:  # another driver may take the same number at the same moment
-            run_dir = self.logdir / f"run_{number:03d}"
-            try:
-                run_dir.mkdir()
-                return run_dir
-            except FileExistsError:
-                number += 1
-
-    def _mirror_for(self, run_dir: Path) -> Optional[str]:
-        if self.storage_path is None:
-            return None
-        return f"{self.storage_path.rstrip('/')}/{self.logdir.name}/{run_dir.name}/checkpoints"
-
-    @staticmethod
-    def _checkpoint_dict(checkpoint: Any) -> Optional[dict]:
-        if checkpoint is None or isinstance(checkpoint, dict):
-            return checkpoint
-        if isinstance(checkpoint, Checkpoint):
-            return checkpoint.to_dict()
-        if isinstance(checkpoint, (str, os.PathLike)):
-            return Checkpoint.from_directory(checkpoint).to_dict()
-        raise TypeError(
-            f"checkpoint must be a dict, an sgd.Checkpoint or a path, got {type(checkpoint).__name__}"
-        )
-
     def run_iterator(
         self,
         train_func: Callable[..., Any],
@@ -436,34 +340,23 @@ class Trainer:
         fn = wrap_train_func(train_func, config)
         if self._controller is None:
             raise RuntimeError("the trainer is not started; call trainer.start() before run()")
-        strategy = checkpoint_strategy if checkpoint_strategy is not None else CheckpointStrategy()
-        if not isinstance(strategy, CheckpointStrategy):
-            raise TypeError(f"checkpoint_strategy must be an sgd.CheckpointStrategy, got {type(strategy).__name__}")
-        if dataset_config is not None:
-            bad = [k for k, v in dataset_config.items() if not isinstance(v, DatasetConfig)]
-            if bad:
-                raise TypeError(f"dataset_config values must be sgd.DatasetConfig (wrong for {bad})")
+        strategy = checkpoint_strategy_of(checkpoint_strategy)
+        check_dataset_config(dataset_config)
         with plugin_registry.using(self.plugin_manager):  # read with this trainer's codecs
-            initial = self._checkpoint_dict(checkpoint)
+            initial = checkpoint_dict(checkpoint)
         all_callbacks = list(callbacks or [])
         # pluggy returns the most recently registered plugin first; use registration order.
         for extra in reversed(self._controller.group.hook.sgd_default_callbacks(trainer=self)):
             all_callbacks.extend(extra or [])
         codec = self._backend_config.backend_cls.checkpoint_codec
         resume, self._resume_run = self._resume_run, None
+        run, self._manager = open_run(resume, self.logdir, self.storage_path, strategy, codec, self.plugin_manager)
         if resume is not None:
-            run = resume
-            self._manager = CheckpointManager(run.checkpoint_dir, strategy, codec, start_id=run.last_checkpoint_id(),
-                                              mirror=self._mirror_for(run.path), hook=self.plugin_manager)
             with plugin_registry.using(self.plugin_manager):
                 state, iteration = run.last_checkpoint()
             if state is not None:
                 initial = state
                 self._manager.latest_state, self._manager.latest_iteration = state, iteration
-        else:
-            run = RunDirectory.create(self._next_run_dir())
-            self._manager = CheckpointManager(run.checkpoint_dir, strategy, codec, mirror=self._mirror_for(run.path),
-                                              hook=self.plugin_manager)
         if preprocessor is not None:
             self._manager.preprocessor = encode_preprocessor(preprocessor)
         trial = self.trial_info or {}
@@ -530,88 +423,10 @@ class Trainer:
         return trainable
 
     def __str__(self) -> str:
-        res = self._resources
-        custom = {k: v for k, v in res.items() if k not in ("CPU", "GPU")}
-        n = self._max_workers
-        workers = f"{self._min_workers}-{n}" if self._min_workers != n else str(n)
-        rows = [
-            ("backend", self._backend_config.name, ""),
-            ("workers", workers, ""),
-            ("CPUs", f"{res['CPU']:g}", f"{res['CPU'] * n:g}"),
-            ("GPUs", f"{res['GPU']:g}", f"{res['GPU'] * n:g}"),
-        ]
-        rows += [(k, f"{v:g}", f"{v * n:g}") for k, v in sorted(custom.items())]
-        header = ("resource", "per worker", "total")
-        widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(3)]
-        line = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
-
-        def fmt(row: Tuple[str, str, str]) -> str:
-            return "| " + " | ".join(str(c).ljust(w) for c, w in zip(row, widths)) + " |"
-
         state = "started" if self._controller is not None else "not started"
-        return "\n".join([f"sgd.Trainer ({state}, logdir={self.logdir})", line, fmt(header), line]
-                         + [fmt(r) for r in rows] + [line])
+        return resource_table(f"sgd.Trainer ({state}, logdir={self.logdir})", self._backend_config.name,
+                              self._min_workers, self._max_workers, self._resources)
 
     def __repr__(self) -> str:
         return (f"Trainer(backend={self._backend_config.name!r}, num_workers={self._max_workers}, "
                 f"use_gpu={self._use_gpu}, resources_per_worker={self._resources})")
-
-
-class TrainingIterator:
-    """Iterates over the report rounds of one run; each item is a list of per-worker dicts.
-
-    Made by :meth:`Trainer.run_iterator`, which always returns one: a failure of the run,
-    even while it starts, comes out of ``next()``.
-    """
-
-    def __init__(self, run: ActiveRun):
-        self._run = run
-
-    def __iter__(self) -> TrainingIterator:
-        return self
-
-    def __next__(self) -> List[Dict[str, Any]]:
-        results = self._run.next()
-        if results is None:
-            raise StopIteration
-        return results
-
-    def is_finished(self) -> bool:
-        return self._run.finished
-
-    def checkpoint_for(self, iteration: int) -> Optional[Path]:
-        """The committed checkpoint directory that goes with report ``iteration`` (its
-        ``_training_iteration``), or ``None`` (none goes with it, or retention removed it).
-
-        ``sgd.report(metrics, checkpoint=...)`` pairs them itself; a separate
-        ``sgd.save_checkpoint`` goes with the report before it, or, in a run whose first
-        checkpoint came before its first report, with the report after it (docs:
-        checkpoints-and-fault-tolerance, "Which report a checkpoint goes with"). A checkpoint
-        that goes with the report before it is known once the next round arrives.
-        """
-        return self._run.checkpoint_for(iteration)
-
-    def stop(self, patience_s: float = 5.0) -> None:
-        """End the run early, on purpose, and keep the workers for the next run.
-
-        The run directory's status becomes ``STOPPED`` (``sgd runs ls`` shows it); rounds not
-        yet taken are dropped and callbacks get ``finish_training(error=False)``. Each worker's
-        training function ends at its next ``sgd.report`` / ``sgd.save_checkpoint`` (which
-        raises a ``BaseException`` there, so ``except Exception`` does not catch it); workers
-        that do not get there within ``patience_s`` seconds are killed and replaced before
-        the next run. Does nothing on a finished run. sgd-tune calls it when Tune stops a
-        trial (ASHA, PBT, a stopper).
-        """
-        if patience_s < 0:
-            raise ValueError(f"patience_s must be >= 0 seconds, got {patience_s!r}")
-        self._run.stop(patience_s)
-
-    def get_final_results(self, force: bool = False) -> Optional[List[Any]]:
-        """The return values in rank order; ``None`` while running unless ``force``,
-        which drains (and hands to callbacks) the remaining rounds first."""
-        if not self._run.finished:
-            if not force:
-                return None
-            for _ in self:
-                pass
-        return self._run.returns

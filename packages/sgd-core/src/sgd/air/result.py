@@ -1,0 +1,125 @@
+"""What ``fit()`` returns: :class:`Result`, read from a run directory, with Ray Train's result
+fields (:data:`RAY_RESULT_FIELDS`) added to each report."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple, Type, Union
+
+from sgd._common.protocol import detailed_metrics_enabled, strip_detailed
+from sgd._common.public import public_module
+from sgd.checkpoint import Checkpoint
+from sgd.runs import checkpoints, read_settings, result_rows, run_status
+
+
+@public_module("sgd.air")
+@dataclass
+class Result:
+    """What ``fit()`` returns, also when training failed (then ``error`` is set).
+
+    :ivar metrics: the last report of rank 0 (``None`` if there was none), with Ray Train's
+        result fields added: ``training_iteration``, ``time_this_iter_s``, ``time_total_s``,
+        ``timestamp``, ``date``, ``hostname``, ``node_ip``, ``pid`` (of rank 0's process),
+        ``config`` (the run's config), ``done`` (``True`` when the run finished without error)
+        and ``trial_id`` (the Ray Tune trial's id, else the run directory's name).
+    :ivar checkpoint: the latest persisted checkpoint, or ``None``.
+    :ivar best_checkpoints: ``(checkpoint, metrics)`` for every kept checkpoint in Ray's order:
+        ascending by the ``CheckpointConfig`` score (the worst first, the best last; NaN or a
+        missing score ranks worst); without a score attribute, by recency (oldest first).
+    :ivar error: the exception that ended training (the worker's own type), or ``None``.
+    :ivar path: the run directory (``<storage>/<name>/run_NNN``).
+    """
+
+    metrics: Optional[Dict[str, Any]]
+    checkpoint: Optional[Checkpoint]
+    error: Optional[BaseException] = None
+    path: Optional[str] = None
+    best_checkpoints: List[Tuple[Checkpoint, Dict[str, Any]]] = field(default_factory=list)
+    _rows: List[Dict[str, Any]] = field(default_factory=list, repr=False)
+
+    @property
+    def metrics_dataframe(self) -> Any:
+        """One row per report of rank 0, as a ``pandas.DataFrame`` (needs pandas)."""
+        try:
+            import pandas as pd
+        except ImportError as exc:
+            raise ImportError("Result.metrics_dataframe needs pandas: pip install pandas") from exc
+        return pd.DataFrame(self._rows)
+
+    @classmethod
+    def from_path(cls, path: Union[str, os.PathLike], error: Optional[BaseException] = None,
+                  checkpoint_cls: Type[Checkpoint] = Checkpoint) -> Result:
+        """The result of the run in ``path`` (a run directory), read from disk.
+
+        :param checkpoint_cls: the class of ``checkpoint`` and ``best_checkpoints``
+            (``sgd_torch.TorchCheckpoint`` for a ``TorchTrainer``'s result).
+        """
+        run = Path(path).expanduser().resolve()
+        if not run.is_dir():
+            raise FileNotFoundError(f"no run directory at {run}")
+
+        rows = [r[0] for r in result_rows(run)]
+        _add_ray_fields(run, rows, finished=error is None)
+        by_iteration = {r.get("_training_iteration"): r for r in rows}
+        kept = []
+        found = checkpoints(run)
+        for c in found:
+            # sgd.save_checkpoint stores no metrics: the report it followed stands in.
+            metrics = c["metrics"] if c["metrics"] is not None else by_iteration.get(c["iteration"], {})
+            kept.append((checkpoint_cls.from_directory(c["path"]), metrics))
+        latest = kept[-1][0] if kept else None
+        # Ray's order: ascending by score (worst first, the best last; by recency: oldest first).
+        ranked = sorted(zip(found, kept), key=lambda fk: (
+            fk[0]["score"] if isinstance(fk[0]["score"], (int, float)) else -math.inf,
+            fk[0]["id"] if isinstance(fk[0]["id"], int) else -1))
+        return cls(
+            metrics=rows[-1] if rows else None,
+            checkpoint=latest,
+            error=error,
+            path=str(run),
+            best_checkpoints=[k for _, k in ranked],
+            _rows=rows,
+        )
+
+    def __repr__(self) -> str:
+        return (f"Result(metrics={self.metrics!r}, checkpoint={self.checkpoint!r}, "
+                f"error={self.error!r}, path={self.path!r})")
+
+
+#: Ray Train's result field → the autofilled sgd key it is read from.
+RAY_RESULT_FIELDS = {
+    "training_iteration": "_training_iteration",
+    "time_this_iter_s": "_time_this_iter_s",
+    "time_total_s": "_time_total_s",
+    "timestamp": "_timestamp",
+    "date": "_date",
+    "hostname": "_hostname",
+    "node_ip": "_node_ip",
+    "pid": "_pid",
+}
+
+
+def _add_ray_fields(run: Path, rows: List[Dict[str, Any]], finished: bool) -> None:
+    """Give each of rank 0's rows Ray Train's result fields (see :attr:`Result.metrics`), in place."""
+
+    try:
+        settings = read_settings(run)
+    except (OSError, ValueError):
+        settings = {}
+    config = settings.get("run_config") or {}
+    trial_id = settings.get("trial_id") or run.name
+    done = finished and run_status(run) == "FINISHED"
+    detailed = detailed_metrics_enabled()
+    for i, row in enumerate(rows):
+        for ray_key, key in RAY_RESULT_FIELDS.items():
+            if key in row:
+                row.setdefault(ray_key, row[key])
+        if not detailed:
+            strip_detailed([row])
+        row.setdefault("done", done and i == len(rows) - 1)
+        row.setdefault("trial_id", trial_id)
+    if rows:
+        rows[-1].setdefault("config", config)

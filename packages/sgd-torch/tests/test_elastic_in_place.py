@@ -1,0 +1,294 @@
+"""In-place recovery with real workers (issue 36): survivors keep their processes and their
+model in memory, the group re-forms around them over gloo, nothing reported is lost or doubled.
+
+Each fault is forced at a chosen step: a callback on the driver SIGKILLs (or SIGSTOPs) a
+worker when a round arrives, or a worker kills itself at a chosen point of its step."""
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+import sgd
+from sgd_torch import TorchConfig
+
+STEPS = 8
+
+
+def _train(config):
+    from sgd_torch import elastic, enable_reproducibility, prepare_model
+
+    enable_reproducibility(0)
+    model = prepare_model(torch.nn.Linear(3, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    state = elastic.TorchState(model=model, optimizer=opt, step=0)
+    xs = torch.randn(config["steps"], 12, 3, generator=torch.Generator().manual_seed(1234))
+
+    @elastic.run
+    def train(state):
+        while state.step < config["steps"]:
+            n, r = sgd.world_size(), sgd.world_rank()
+            x = xs[state.step][r * 12 // n:(r + 1) * 12 // n]
+            loss = ((state.model(x) - x.sum(1, keepdim=True)) ** 2).mean()
+            state.optimizer.zero_grad()
+            loss.backward()
+            state.optimizer.step()
+            state.step += 1
+            state.commit()
+            sgd.report(step=state.step, pid=os.getpid(), world=n)
+        module = state.model.module if hasattr(state.model, "module") else state.model
+        return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+    return train(state)
+
+
+class Fault(sgd.TrainingCallback):
+    """Sends ``sig`` to the worker of rank ``rank`` when the round of ``at`` arrives (each once)."""
+
+    def __init__(self, at, rank, sig=signal.SIGKILL):
+        self.at, self.rank, self.sig = dict.fromkeys(at if isinstance(at, (list, tuple)) else [at]), rank, sig
+        self.rounds = []
+        self.results = []
+        self.hit = []
+
+    def handle_result(self, results, **info):
+        self.results.append(results)
+        self.rounds.append([(r["step"], r["pid"], r["world"]) for r in results])
+        step = results[0]["step"]
+        if step in self.at:
+            del self.at[step]
+            pid = results[self.rank]["pid"]
+            os.kill(pid, self.sig)
+            self.hit.append(pid)
+
+    def steps(self):
+        return [r[0][0] for r in self.rounds]
+
+    def pids(self, index):
+        return {p for _, p, _ in self.rounds[index]}
+
+
+def _elastic_trainer(backend="torch"):
+    """A started (2, 3) trainer with its 3 workers (the previous test's may still be releasing theirs)."""
+    import ray
+
+    from sgd_testing import wait_for
+
+    wait_for(lambda: ray.available_resources().get("CPU", 0) >= 3, timeout=30,
+             message="the cluster never had room for 3 workers")
+    trainer = sgd.Trainer(backend=backend, num_workers=(2, 3), max_retries=1)
+    trainer.start()
+    return trainer
+
+
+def _lines(trainer):
+    run_dir = Path(trainer.latest_run_dir)
+    return [line for line in (run_dir / "results.jsonl").read_text().splitlines() if line]
+
+
+def test_a_fixed_size_group_keeps_its_survivors_and_ends_with_the_model_of_a_run_without_faults(ray_cluster):
+    trainer = sgd.Trainer(backend="torch", num_workers=3, max_retries=1)
+    trainer.start()
+    try:
+        reference = trainer.run(_train, config={"steps": STEPS})[0]
+        fault = Fault(at=3, rank=2)
+        out = trainer.run(_train, config={"steps": STEPS}, callbacks=[fault])[0]
+        assert fault.steps() == list(range(1, STEPS + 1)), "every step reported once, none lost"
+        assert len(_lines(trainer)) == STEPS
+        before, after = fault.pids(0), fault.pids(-1)
+        survivors = before - set(fault.hit)
+        assert len(survivors) == 2 and survivors < after, "the survivors kept their processes"
+        assert len(after - before) == 1, "one new worker replaced the lost one"
+        for key in reference:
+            assert torch.allclose(reference[key], out[key]), f"{key} differs from the run without faults"
+    finally:
+        trainer.shutdown()
+
+
+def test_an_elastic_group_goes_on_with_its_survivors_at_once(ray_cluster):
+    trainer = _elastic_trainer()
+    try:
+        fault = Fault(at=3, rank=2)
+        trainer.run(_train, config={"steps": STEPS}, callbacks=[fault])
+        assert fault.steps() == list(range(1, STEPS + 1))
+        assert [r[0][2] for r in fault.rounds] == [3] * 3 + [2] * (STEPS - 3), "sgd.world_size() tells the truth"
+        assert fault.pids(-1) == fault.pids(0) - set(fault.hit), "no worker started: the survivors went on"
+    finally:
+        trainer.shutdown()
+
+
+def _report_then_commit(config):
+    import torch.distributed as dist
+
+    from sgd_torch import elastic
+
+    state = elastic.ObjectState(step=0)
+    runs = {}
+
+    @elastic.run
+    def train(state):
+        while state.step < config["steps"]:
+            state.step += 1
+            runs[state.step] = runs.get(state.step, 0) + 1
+            sgd.report(step=state.step, pid=os.getpid(), world=sgd.world_size(), runs_of_3=runs.get(3, 0))
+            if state.step == 3 and sgd.world_rank() == 2 and sgd.world_size() == 3:
+                os.kill(os.getpid(), signal.SIGKILL)  # after its report, before the step's collective
+            dist.all_reduce(torch.ones(1))
+            state.commit()
+        return runs
+
+    return train(state)
+
+
+def test_a_step_redone_after_the_last_commit_is_reported_once(ray_cluster):
+    trainer = _elastic_trainer()
+    try:
+        fault = Fault(at=[], rank=0)
+        trainer.run(_report_then_commit, config={"steps": 5}, callbacks=[fault])
+        assert fault.steps() == [1, 2, 3, 4, 5], "the redone step 3 was not reported again"
+        assert len(_lines(trainer)) == 5
+        assert [len(r) for r in fault.rounds][3:] == [2, 2]
+        # The survivors did step 3 twice (its collective failed with the lost peer, then again
+        # from commit 2), and said so with step 4's report.
+        assert [r["runs_of_3"] for r in fault.results[3]] == [2, 2]
+    finally:
+        trainer.shutdown()
+
+
+def test_a_silent_worker_is_left_out_within_the_collective_timeout(ray_cluster):
+    # SIGSTOP: no TCP reset, the peers' all_reduce just waits. With timeout_s=5 it fails on
+    # the survivors, the stopped worker does not answer the driver, and is left out.
+    trainer = _elastic_trainer(TorchConfig(timeout_s=5))
+    try:
+        fault = Fault(at=3, rank=2, sig=signal.SIGSTOP)
+        try:
+            trainer.run(_train, config={"steps": 6}, callbacks=[fault])
+        finally:
+            for pid in fault.hit:  # never leave a stopped process behind
+                os.kill(pid, signal.SIGKILL)
+        assert fault.steps() == list(range(1, 7))
+        assert fault.pids(-1) == fault.pids(0) - set(fault.hit)
+    finally:
+        trainer.shutdown()
+
+
+def _no_checkpoint(config):
+    from sgd_torch import elastic
+
+    state = elastic.ObjectState(step=0)
+
+    @elastic.run
+    def train(state):
+        import torch.distributed as dist
+
+        while True:
+            state.step += 1
+            dist.all_reduce(torch.ones(1))
+            state.commit()
+            sgd.report(step=state.step, pid=os.getpid(), world=sgd.world_size())
+
+    return train(state)
+
+
+def test_losing_every_worker_without_a_checkpoint_fails_clearly(ray_cluster):
+    class KillAll(sgd.TrainingCallback):
+        def handle_result(self, results, **info):
+            if results[0]["step"] == 2:
+                for r in results:
+                    os.kill(r["pid"], signal.SIGKILL)
+
+    trainer = sgd.Trainer(backend="torch", num_workers=2, max_retries=3)
+    trainer.start()
+    try:
+        with pytest.raises(sgd.TrainingFailedError, match="every worker .* lost.*no checkpoint") as info:
+            trainer.run(_no_checkpoint, config={}, callbacks=[KillAll()])
+        assert "sgd.report(metrics, checkpoint=" in str(info.value)
+    finally:
+        trainer.shutdown()
+
+
+def test_elastic_run_with_a_process_group_the_code_owns_says_what_is_missing(ray_cluster):
+    def train_func():
+        from sgd_torch import elastic
+
+        @elastic.run
+        def train(state):
+            return state.step
+
+        return train(elastic.ObjectState(step=0))
+
+    trainer = sgd.Trainer(backend=TorchConfig(init_process_group=False), num_workers=2)
+    trainer.start()
+    try:
+        with pytest.raises(RuntimeError, match="cannot re-form its group in place.*init_process_group=False"):
+            trainer.run(train_func)
+    finally:
+        trainer.shutdown()
+
+
+def _until_grown(config):
+    import time
+
+    import torch.distributed as dist
+
+    from sgd_torch import elastic
+
+    state = elastic.ObjectState(step=0, grown=0)
+    deadline = time.monotonic() + config["timeout_s"]
+
+    @elastic.run
+    def train(state):
+        while state.grown < 3 and time.monotonic() < deadline:
+            state.step += 1
+            dist.all_reduce(torch.ones(1))
+            if sgd.world_size() == 3:
+                state.grown += 1
+            state.commit()
+            sgd.report(step=state.step, pid=os.getpid(), world=sgd.world_size())
+            time.sleep(0.02)  # pace the steps (not a synchronisation): a real step takes time
+
+    return train(state)
+
+
+def test_an_elastic_group_grows_in_place_when_room_returns(ray_cluster, monkeypatch):
+    import ray
+
+    from sgd.run import controller
+
+    monkeypatch.setattr(controller, "GROW_CHECK_INTERVAL_S", 0.2)
+
+    @ray.remote(num_cpus=2)
+    class Blocker:
+        def ready(self):
+            return True
+
+    from sgd_testing import wait_for
+
+    wait_for(lambda: ray.available_resources().get("CPU", 0) >= 4, timeout=30)
+    blocker = Blocker.remote()
+    ray.get(blocker.ready.remote())  # 2 of the 4 CPUs taken: the group starts with 2 workers
+
+    class FreeRoom(sgd.TrainingCallback):
+        def __init__(self):
+            self.results = []
+
+        def handle_result(self, results, **info):
+            self.results.append(results)
+            if results[0]["step"] == 3:
+                ray.kill(blocker)
+
+    trainer = sgd.Trainer(backend="torch", num_workers=(2, 3), max_retries=0)
+    trainer.start()
+    try:
+        free = FreeRoom()
+        trainer.run(_until_grown, config={"timeout_s": 60}, callbacks=[free])
+    finally:
+        trainer.shutdown()
+    worlds = [r[0]["world"] for r in free.results]
+    assert worlds[0] == 2 and worlds[-1] == 3, worlds
+    assert worlds == sorted(worlds), "grown once, never shrunk"
+    assert [r[0]["step"] for r in free.results] == list(range(1, len(free.results) + 1))
+    first = {r["pid"] for r in free.results[0]}
+    assert first < {r["pid"] for r in free.results[-1]}, "the two first workers kept their processes"
