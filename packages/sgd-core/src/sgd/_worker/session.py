@@ -41,7 +41,7 @@ from sgd._common.run_hooks import run_error_hooks, run_in_contexts
 from sgd._worker.driver_files import DriverFiles
 from sgd._worker.resets import ResetLink
 from sgd.checkpoint import METADATA_FILE, Checkpoint, write_dict_dir, write_directory_metadata, write_files
-from sgd.errors import PicklableError
+from sgd.errors import PeerFailureError, PicklableError
 
 #: How many items a worker may buffer ahead of the driver before ``report`` blocks.
 DEFAULT_MAX_PENDING = int(os.environ.get("SGD_MAX_PENDING_RESULTS", "1024"))
@@ -224,8 +224,6 @@ class Session:
 
     def _capture(self, exc: BaseException) -> RemoteError:
         import ray.cloudpickle as cloudpickle
-
-        from sgd.errors import PeerFailureError
 
         tb = traceback.format_exc()
         exc_bytes: Optional[bytes]
