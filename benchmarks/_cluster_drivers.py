@@ -172,6 +172,10 @@ def run_ray(case: str, work: Path) -> Dict[str, Any]:
 
 def main() -> None:
     framework, case, work = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+    if os.environ.get("SGD_BENCH_KEEP") == "1":
+        import logging
+
+        logging.basicConfig(level=logging.INFO, format="%(created).3f %(name)s %(message)s")
     import ray
 
     ray.init(address=os.environ["RAY_ADDRESS"], _node_ip_address=os.environ["SGD_BENCH_HEAD_IP"],

@@ -14,8 +14,9 @@ and ``~/sgd_results``. Each case runs in a fresh driver process (``_cluster_driv
 
 sgd (restarting every worker from the latest checkpoint), sgd in place (``sgd.elastic.run``: the
 survivors keep their processes; issue 36) and Ray Train (``TorchTrainer``,
-``ScalingConfig(num_workers=(2, 4))``, ``FailureConfig``) run the same workload on the same cluster; between cases the lost host is started again and Ray
-has declared the old one dead. Results: ``benchmarks/results/cluster.{json,md}``.
+``ScalingConfig(num_workers=(2, 4))``, ``FailureConfig``) run the same workload on the same
+cluster; between cases the lost host is started again and Ray has declared the old one dead.
+Results: ``benchmarks/results/cluster.{json,md}``.
 """
 
 from __future__ import annotations
@@ -57,7 +58,9 @@ def _driver(cluster: Any, framework: str, case: str, timeout_s: float = 600) -> 
                 proc.kill()
                 raise RuntimeError(f"{framework} {case}: no result within {timeout_s:.0f}s; see {work}/driver.log")
             if case == "loss" and killed_at is None and (work / "kill_now").exists():
-                killed_at = cluster.hosts[1].kill()
+                # Not waiting for the processes to be reaped: rank 0 holds its step until the
+                # kill is done, and the host is gone once the signals are out.
+                killed_at = cluster.hosts[1].kill(wait=False)
                 (work / "kill_now.done").write_text("")
             time.sleep(0.01)
     finally:
@@ -67,7 +70,8 @@ def _driver(cluster: Any, framework: str, case: str, timeout_s: float = 600) -> 
         raise RuntimeError(f"{framework} {case} failed ({proc.returncode}):\n{tail}")
     out = json.loads((work / "driver.json").read_text())
     out["killed_at"] = killed_at
-    shutil.rmtree(work, ignore_errors=True)
+    if os.environ.get("SGD_BENCH_KEEP") != "1":  # 1: keep each driver's folder (driver.log) to read
+        shutil.rmtree(work, ignore_errors=True)
     return out
 
 
@@ -78,7 +82,10 @@ def _start_s(out: Dict[str, Any]) -> float:
 def _loss(out: Dict[str, Any], lost_ip: str) -> Dict[str, Any]:
     killed = out["killed_at"]
     rounds = out["rounds"]
-    after = [r for r in rounds if r["t"] > killed]
+    # The first report of the group that went on without the host: a step the old group was
+    # finishing when the signals went out can still report at the old size just after them.
+    size = max((r for r in rounds if r["t"] <= killed), key=lambda r: r["t"])["world_size"]
+    after = [r for r in rounds if r["t"] > killed and r["world_size"] != size]
     first = min(after, key=lambda r: r["t"])
     steps = sorted({r["step"] for r in rounds})
     before = {r["step"] for r in rounds if r["t"] <= killed}
@@ -98,6 +105,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="one repetition of each case")
     parser.add_argument("--frameworks", default="sgd,sgd-inplace,ray")
+    parser.add_argument("--keep-others", action="store_true",
+                        help="keep the results of the frameworks not run from the last cluster.json")
     args, _ = parser.parse_known_args()
     reps = 1 if args.quick else 3
     frameworks = args.frameworks.split(",")
@@ -123,6 +132,11 @@ def main() -> None:
     finally:
         cluster.shutdown()
 
+    if args.keep_others and (RESULTS / "cluster.json").exists():
+        earlier = json.loads((RESULTS / "cluster.json").read_text())["results"]
+        ran = list(frameworks)
+        frameworks = [f for f in ("sgd", "sgd-inplace", "ray") if f in ran or f in earlier]
+        results = {f: results[f] if f in ran else earlier[f] for f in frameworks}
     data: Dict[str, Any] = {"machine": machine(loadavg=loadavg()), "cluster": "head 127.0.0.2 (0 CPU) + "
                             "2 worker hosts x 2 CPU, private /tmp,/dev/shm", "results": results}
     summary = {}

@@ -292,3 +292,80 @@ def test_an_elastic_group_grows_in_place_when_room_returns(ray_cluster, monkeypa
     assert [r[0]["step"] for r in free.results] == list(range(1, len(free.results) + 1))
     first = {r["pid"] for r in free.results[0]}
     assert first < {r["pid"] for r in free.results[-1]}, "the two first workers kept their processes"
+
+
+def test_two_losses_in_a_row_leave_the_group_at_its_minimum(ray_cluster):
+    import ray
+
+    from sgd_testing import wait_for
+
+    wait_for(lambda: ray.available_resources().get("CPU", 0) >= 4, timeout=30)
+    trainer = sgd.Trainer(backend="torch", num_workers=(2, 4), max_retries=2)
+    trainer.start()
+    try:
+        first = Fault(at=2, rank=3)
+        second = Fault(at=4, rank=2)
+
+        class Both(sgd.TrainingCallback):
+            def handle_result(self, results, **info):
+                first.handle_result(results)
+                second.handle_result(results)
+
+        trainer.run(_train, config={"steps": STEPS}, callbacks=[Both()])
+    finally:
+        trainer.shutdown()
+    assert first.steps() == list(range(1, STEPS + 1))
+    worlds = [r[0][2] for r in first.rounds]
+    # (a step or two may finish at the old size before the loss stops the survivors)
+    assert worlds[:2] == [4, 4] and 3 in worlds and worlds[-1] == 2 and worlds == sorted(worlds, reverse=True)
+    assert first.pids(-1) == first.pids(0) - set(first.hit) - set(second.hit)
+
+
+def test_a_loss_while_the_group_reforms_falls_back_to_a_restart_from_the_checkpoint(ray_cluster, tmp_path):
+    # The new worker's initialization hook kills a survivor: the new process group cannot form.
+    marker = tmp_path / "kill_pid"
+
+    def hook():
+        if marker.exists():
+            pid = int(marker.read_text())
+            marker.unlink()
+            os.kill(pid, signal.SIGKILL)
+
+    def train_func(config):
+        from sgd_torch import elastic
+
+        start = sgd.load_checkpoint() or {"step": 0}
+        state = elastic.ObjectState(step=start["step"])
+
+        @elastic.run
+        def train(state):
+            import torch.distributed as dist
+
+            while state.step < config["steps"]:
+                dist.all_reduce(torch.ones(1))
+                state.step += 1
+                state.commit()
+                sgd.report(step=state.step, pid=os.getpid(), world=sgd.world_size())
+                if sgd.world_rank() == 0:
+                    sgd.save_checkpoint(step=state.step)
+                else:
+                    sgd.save_checkpoint()
+
+        return train(state)
+
+    class KillTwo(Fault):
+        def handle_result(self, results, **info):
+            if results[0]["step"] == 3 and not self.hit:
+                marker.write_text(str(results[1]["pid"]))  # a survivor, killed by the hook
+            super().handle_result(results, **info)
+
+    trainer = sgd.Trainer(backend="torch", num_workers=3, max_retries=3)
+    trainer.start(initialization_hook=hook)
+    try:
+        fault = KillTwo(at=3, rank=2)
+        trainer.run(train_func, config={"steps": 6}, callbacks=[fault])
+    finally:
+        trainer.shutdown()
+    assert not marker.exists(), "the hook ran on the new worker and killed the survivor"
+    assert fault.steps() == [1, 2, 3, 4, 5, 6], "steps after the checkpoint are not delivered twice"
+    assert fault.pids(-1).isdisjoint(fault.pids(0)), "the fallback restarted every worker"

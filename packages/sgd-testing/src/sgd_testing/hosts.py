@@ -215,9 +215,11 @@ class Host:
                 continue
         return found
 
-    def kill(self) -> float:
+    def kill(self, wait: bool = True) -> float:
         """Lose the host at once: SIGKILL every process on it, as when a machine loses power.
 
+        :param wait: return only once every process of the host is gone (reaped); ``False``
+            returns once each was signalled (a benchmark timing what follows the kill).
         :returns: ``time.time()`` when the signal was sent.
         """
         if self.proc is None:
@@ -230,6 +232,8 @@ class Host:
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
+            if not wait:
+                return at
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=10)
         wait_for(lambda: not self.pids(), timeout=10, message=f"processes of host {self.ip} survived SIGKILL")
@@ -377,6 +381,8 @@ class HostCluster:
         """Bring a lost (or stopped) host back at the same address, with a fresh disk."""
         if host.alive:
             raise RuntimeError(f"host {host.ip} is still running")
+        if host.proc is not None and host.pids():
+            host.kill()  # killed without waiting: make sure nothing of it is left
         host.start()
         self.wait_for_resources()
         return host

@@ -363,7 +363,16 @@ class ActorGroup:
         self._dirty = True
         # Not waited for here: the collector waits on these with the rounds, so that a worker
         # whose run failed at once is seen even while another one's start has not returned.
-        self._rounds = RoundCollector(wg.workers, starts=refs)
+        self._rounds = RoundCollector(wg.workers, starts=refs, lost_hosts=self.on_lost_hosts)
+
+    def on_lost_hosts(self, indices: List[int]) -> List[int]:
+        """Which of the workers at ``indices`` run on a host that is gone (its raylet does not
+        answer): a reset in place leaves them out without waiting for Ray to fail their calls."""
+        wg = self.worker_group
+        if wg is None:
+            return []
+        lost = self.nodes.lost({wg.metadata[i].node_id for i in indices})
+        return [i for i in indices if wg.metadata[i].node_id in lost]
 
     def _start_training(self, ranks: List[int], shards: List[Any], start_iteration: int,
                         join: Any = None, snapshot: Any = None) -> List[Any]:

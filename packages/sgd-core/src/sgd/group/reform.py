@@ -67,9 +67,11 @@ def reform_in_place(group: Any, barrier: Barrier, iteration: int) -> None:
         logger.info("re-forming: %d new worker(s) join (ranks %s)", len(new), new)
     group.num_workers = len(wg)
     changed = bool(gone) or bool(new)
+    placed = time.monotonic()
     if changed or failed:
         group._setup(new)  # the initialization hook on the new workers, the backend's setup on all
         group._dirty = True  # a run is on
+    set_up = time.monotonic()
     root = survivors.index(root_old)
     sync = not changed and not failed
     loaders = [r for r, i in enumerate(survivors) if r != root and (sync or arrivals[i].commits != root_commits)]
@@ -93,10 +95,12 @@ def reform_in_place(group: Any, barrier: Barrier, iteration: int) -> None:
         refs = group._start_training(new, shards or [None] * len(wg), iteration, join, snapshot)
         for r, ref in zip(new, refs):
             starts[r] = ref
-    collector = RoundCollector(list(wg.workers), starts=starts)
+    collector = RoundCollector(list(wg.workers), starts=starts, lost_hosts=group.on_lost_hosts)
     collector.elastic = True
     group._rounds = collector
-    logger.info("re-formed in place in %.3fs: %d worker(s) (%s)", time.monotonic() - begun, len(wg), why)
+    now = time.monotonic()
+    logger.info("re-formed in place in %.3fs (%.3fs the group, %.3fs the backend, %.3fs the runs): %d worker(s) (%s)",
+                now - begun, placed - begun, set_up - placed, now - set_up, len(wg), why)
 
 
 __all__ = ["reform_in_place"]

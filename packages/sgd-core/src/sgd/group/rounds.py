@@ -12,10 +12,11 @@ round, the end, a death (:class:`~sgd.errors.WorkerDiedError`), a worker's own e
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections import deque
-from typing import Any, Deque, Dict, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import ray
 from ray.exceptions import RayActorError
@@ -42,6 +43,8 @@ ERROR_DRAIN_S = float(os.environ.get("SGD_ERROR_DRAIN_S", "5"))
 #: stopped answering, e.g. a silent host). Past either, the worker is stopped and left out.
 RESET_TIMEOUT_S = float(os.environ.get("SGD_ELASTIC_RESET_TIMEOUT_S", "60"))
 ANSWER_TIMEOUT_S = float(os.environ.get("SGD_ELASTIC_ANSWER_TIMEOUT_S", "5"))
+#: While a reset waits, how often the hosts of the workers not yet there are checked.
+RESET_CHECK_S = 0.25
 ELASTIC = "elastic"
 
 #: An error that reads like a peer's death (its collective lost the connection) is held this
@@ -97,7 +100,8 @@ def _awaits_ack(batch: List[Tuple[str, Any]]) -> bool:
 class RoundCollector:
     """Collects per-worker batches into rounds (one item per worker), in order."""
 
-    def __init__(self, workers: List[Any], starts: Optional[List[Optional[ray.ObjectRef]]] = None):
+    def __init__(self, workers: List[Any], starts: Optional[List[Optional[ray.ObjectRef]]] = None,
+                 lost_hosts: Optional[Callable[[List[int]], List[int]]] = None):
         n = len(workers)
         self._workers = workers
         self._pending: List[Deque[Tuple[str, Any]]] = [deque() for _ in range(n)]
@@ -132,6 +136,10 @@ class RoundCollector:
         self._interrupted_hard = False
         self._reset_deadline: Optional[float] = None
         self._growing = False
+        # Which of the given workers run on a host that is gone (its raylet refuses connections):
+        # Ray itself takes seconds to fail the calls to them. Asked while a reset waits.
+        self._lost_hosts = lost_hosts
+        self._next_host_check = 0.0
 
     def poll(self, timeout_s: float) -> Poll:
         """The next round, the end, a failure, or idle when nothing came within ``timeout_s``.
@@ -162,7 +170,8 @@ class RoundCollector:
                     return got
                 if self._error is None:
                     self._poll_live()
-                    ready = self._wait(min(deadline, self._reset_time_left()) - time.monotonic())
+                    until = min(deadline, self._reset_time_left(), time.monotonic() + RESET_CHECK_S)
+                    ready = self._wait(until - time.monotonic())
                     self._receive(ready)
                     self._check_reset_time()
                     if not ready and time.monotonic() >= deadline:
@@ -242,6 +251,9 @@ class RoundCollector:
         collectives it is blocked in)."""
         now = time.monotonic()
         if self._reset_deadline is None:
+            logger.info("the group re-forms in place: %s", "new workers join" if self._growing else
+                        next((f"rank {i}: {a.reason}" for i, a in self._arrived.items() if a.failed), None)
+                        or next((str(e) for e in self._gone.values()), "asked"))
             self._reset_deadline = now + RESET_TIMEOUT_S
         elif not hard or self._interrupted_hard:
             return
@@ -269,8 +281,16 @@ class RoundCollector:
         self._begin_reset(hard=True)
 
     def _check_reset_time(self) -> None:
-        """Stop the workers that did not answer the interrupt, or did not come in time."""
+        """Stop the workers that did not answer the interrupt, or did not come in time; leave
+        out at once the ones whose host is gone."""
         now = time.monotonic()
+        if self._reset_deadline is not None and self._lost_hosts is not None and now >= self._next_host_check:
+            self._next_host_check = now + RESET_CHECK_S
+            waiting = [i for i in range(len(self._workers))
+                       if i not in self._gone and i not in self._arrived and not self._done[i]]
+            for i in self._lost_hosts(waiting) if waiting else []:
+                self._lose(i, WorkerDiedError(f"worker rank {i} is gone: its host does not answer", i))
+            now = time.monotonic()
         late = [(i, f"did not answer within {ANSWER_TIMEOUT_S:.3g}s (its process or host stopped responding)")
                 for (i, sent) in self._interrupts.values() if now - sent >= ANSWER_TIMEOUT_S]
         if self._reset_deadline is not None and now >= self._reset_deadline:
@@ -477,6 +497,7 @@ class RoundCollector:
 
 
 _IDLE = object()
+logger = logging.getLogger("sgd")
 
 
 def short_error(exc: BaseException) -> str:
