@@ -174,6 +174,8 @@ BENCHMARKS = {
     "cluster": ("benchmarks/bench_cluster.py", ("ray[train]",)),
     # in-place recovery (sgd.elastic): what state.commit() costs per DDP step of a 100 MB model
     "elastic": ("benchmarks/bench_elastic.py", ()),
+    # 1M rows × 50 features, 100 rounds: sgd-xgboost beside Ray Train's XGBoostTrainer and one process
+    "xgboost": ("benchmarks/bench_xgboost.py", ("ray[train]", "packages/sgd-xgboost")),
 }
 
 
@@ -181,11 +183,12 @@ BENCHMARKS = {
 def bench(session: nox.Session) -> None:
     """Benchmarks: core overhead, checkpoints and recovery, scale (2 to 32 workers, scale.md/.png),
     Ray Data, sgd side by side with Ray Train and torchrun (compare.md/.png), a Tune grid with
-    and without actor reuse (tune.md), and a real three-host cluster losing a host (cluster.md);
+    and without actor reuse (tune.md), a real three-host cluster losing a host (cluster.md), and
+    distributed XGBoost beside Ray Train's and one process (xgboost.md, ``--rows N`` for a smaller run);
     JSON and markdown tables in benchmarks/results/.
     ``nox -s bench -- --quick`` runs fewer repetitions; ``nox -s bench -- cluster [--quick]``
     runs the named benchmarks only (any of: core, checkpoint, scale, data, compare, tune, cluster,
-    elastic)."""
+    elastic, xgboost)."""
     _install(session)
     env = {"PYTHONUNBUFFERED": "1"}
     chosen = [a for a in session.posargs if a in BENCHMARKS]
@@ -194,8 +197,9 @@ def bench(session: nox.Session) -> None:
     for name in chosen or list(BENCHMARKS):
         script, extra = BENCHMARKS[name]
         missing = [p for p in extra if p not in installed]
-        if missing:
-            session.install(*CONSTRAINTS, *missing)
+        if missing:  # the repository's own packages editable, like the core's
+            args_ = [a for p in missing for a in (("-e", p) if p.startswith("packages/") else (p,))]
+            session.install(*CONSTRAINTS, *args_)
             installed.update(missing)
         session.run("python", script, *args, env=env)
 

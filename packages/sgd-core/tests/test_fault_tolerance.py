@@ -124,6 +124,13 @@ def _peer_lost(config):
         return "second attempt"
     if sgd.world_rank() == 1:
         open(marker + ".raised", "w").close()
+        if config.get("marked"):
+            from sgd.errors import PeerFailureError
+
+            class FrameworkPeerError(PeerFailureError):
+                """A framework's own collective error, whose message sgd cannot recognise."""
+
+            raise FrameworkPeerError("allreduce: rank 0 went away")
         raise RuntimeError("[gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:29500")
     # Mark attempt 1 as done only once rank 1 has looked for the mark (it raises after).
     while not os.path.exists(marker + ".raised"):
@@ -135,14 +142,17 @@ def _peer_lost(config):
     threading.Event().wait()
 
 
-def test_peer_failure_error_before_the_death_is_a_restart(trainer_factory, tmp_path):
+@pytest.mark.parametrize("marked", [False, True], ids=["gloo-message", "PeerFailureError"])
+def test_peer_failure_error_before_the_death_is_a_restart(trainer_factory, tmp_path, marked):
+    """Read from the message (gloo's), or marked by its class (sgd.errors.PeerFailureError,
+    what a framework package raises for a collective sgd does not know)."""
     import threading
 
     from sgd_testing import wait_for
 
     trainer = trainer_factory(max_retries=1)
     marker = str(tmp_path / "m")
-    iterator = trainer.run_iterator(_peer_lost, config={"marker": marker})
+    iterator = trainer.run_iterator(_peer_lost, config={"marker": marker, "marked": marked})
     outcome = {}
 
     def drive():

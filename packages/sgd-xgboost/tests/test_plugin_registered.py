@@ -54,6 +54,9 @@ def test_config_validation():
 
 def test_machines_shape():
     assert machines_for([("10.0.0.1", 1234), ("10.0.0.2", 5678)]) == "10.0.0.1:1234,10.0.0.2:5678"
+    # Loopback aliases (several Ray nodes on one machine) are not interface addresses LightGBM finds
+    # itself at: every worker that can reach them is on this machine, where 127.0.0.1 is the same.
+    assert machines_for([("127.0.0.3", 1234), ("127.0.0.4", 5678)]) == "127.0.0.1:1234,127.0.0.1:5678"
 
 
 class TestXGBoostContract(BackendContractTests):

@@ -13,6 +13,7 @@ import pickle
 from typing import Any, Dict, List, Optional, Tuple
 
 __all__ = [
+    "PeerFailureError",
     "PicklableError",
     "ResourcesUnavailableError",
     "CheckpointError",
@@ -129,6 +130,27 @@ class CheckpointIntegrityError(CheckpointError):
 class UntrustedCheckpointError(CheckpointError):
     """Loading the checkpoint needs pickle (it holds arbitrary Python objects) and the caller
     did not opt in with ``trusted=True`` or ``SGD_TRUST_CHECKPOINTS=1``."""
+
+
+class PeerFailureError(PicklableError, ConnectionError):
+    """Raise (a subclass of) this on a worker when your collective call failed because a peer
+    died or stopped, not because of anything this worker did.
+
+    sgd then treats the error as the echo of another worker's failure: the driver waits up to
+    ``SGD_PEER_FAILURE_GRACE_S`` seconds (default 10) for that failure to show itself; a
+    worker's death restarts the group (and training resumes from the latest checkpoint)
+    instead of failing the run, and another worker's own exception is raised instead of this
+    one. Only when neither arrives is this error raised as the run's error.
+
+    Framework packages whose collectives raise errors sgd cannot recognise by their message
+    (gloo's, NCCL's and torch's it can) wrap them in a subclass of this, chaining the original
+    (``raise MyPeerError(...) from exc``)::
+
+        class XGBoostPeerError(PeerFailureError): ...
+
+    The marker is read on the worker (an ``isinstance`` check) and travels to the driver as a
+    flag, so the driver needs neither the class nor to unpickle the exception to honour it.
+    """
 
 
 class ResourcesUnavailableError(PicklableError, RuntimeError, TimeoutError):

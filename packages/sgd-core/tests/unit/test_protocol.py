@@ -48,3 +48,16 @@ def test_a_report_without_a_worker_line_is_encoded_by_the_driver():
     data = _report(x=1, secret="no")
     round_ = decode_round("report", [data])
     assert json.loads(round_.json_line()) == [{"x": 1, "_training_iteration": 1, "_pid": 7, "_hostname": "h"}]
+
+
+def test_a_peer_failure_is_known_by_its_flag_or_its_message():
+    from sgd._common.protocol import RemoteError
+    from sgd.group.rounds import looks_like_peer_failure
+
+    def error(message, **kw):
+        return RemoteError(None, "mod.SomeError", message, "", 1, 7, "h", **kw)
+
+    assert not error("allreduce: rank 0 went away").peer_failure  # the default
+    assert not looks_like_peer_failure(error("allreduce: rank 0 went away"))
+    assert looks_like_peer_failure(error("allreduce: rank 0 went away", peer_failure=True))
+    assert looks_like_peer_failure(error("Connection reset by peer"))

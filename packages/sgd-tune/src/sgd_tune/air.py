@@ -81,6 +81,8 @@ def _trial_trainer(base: Any, config: Dict[str, Any]) -> Any:
     for key in _REPLACEABLE:
         if key in overrides:
             setattr(trainer, key, overrides.pop(key))
+    if overrides:  # a framework trainer's own arguments (XGBoostTrainer's params=)
+        overrides = trainer.apply_param_space(overrides)
     if overrides:
         raise ValueError(
             f"param_space keys {', '.join(sorted(overrides))} are not trainer arguments; put the "

@@ -8,7 +8,7 @@ on first use.
 from typing import Any
 
 from sgd_xgboost.checkpoints import load_lightgbm_model, load_xgboost_model
-from sgd_xgboost.config import LightGBMConfig, XGBoostConfig, get_network_params
+from sgd_xgboost.config import LightGBMConfig, XGBoostConfig, XGBoostPeerError, get_network_params
 from sgd_xgboost.trainer import LightGBMTrainer, XGBoostTrainer
 
 # Plugin discovery imports this package in every sgd process (the `sgd` CLI too): the callbacks
@@ -21,6 +21,7 @@ __all__ = [
     "LightGBMConfig",
     "LightGBMTrainer",
     "XGBoostConfig",
+    "XGBoostPeerError",
     "XGBoostTrainer",
     "get_network_params",
     "load_lightgbm_model",

@@ -36,14 +36,14 @@ from sgd.backend import (
     on_worker_run_error,
     remove_worker_run,
 )
-from sgd.errors import PicklableError
+from sgd.errors import PeerFailureError
 
 if TYPE_CHECKING:
     from sgd.backend import Workers
 
 logger = logging.getLogger("sgd.xgboost")
 
-__all__ = ["XGBoostConfig", "LightGBMConfig", "get_network_params"]
+__all__ = ["XGBoostConfig", "LightGBMConfig", "XGBoostPeerError", "get_network_params"]
 
 
 @dataclass
@@ -112,11 +112,11 @@ _lock = threading.Lock()
 _comm_args: Optional[Dict[str, Any]] = None
 
 
-class XGBoostPeerError(PicklableError, ConnectionError):
+class XGBoostPeerError(PeerFailureError):
     """A collective call of XGBoost failed on this worker because another worker stopped (its
-    error was signalled, or its process died). The message says "connection closed by peer",
-    which sgd reads as the echo of another worker's failure: the driver then reports that
-    worker's own error (or death) when it arrives within a few seconds, instead of this one."""
+    error was signalled, or its process died). As a :class:`sgd.errors.PeerFailureError`, sgd
+    reads it as the echo of another worker's failure: the driver restarts the group when that
+    worker died, or reports that worker's own error instead of this one."""
 
 
 #: what XGBoost's errors say when a collective call lost its peers
@@ -131,8 +131,8 @@ def _peer_error(exc: BaseException) -> Optional[XGBoostPeerError]:
     if not any(marker in text.lower() for marker in _COLLECTIVE_FAILURE):
         return None
     detail = next((line.strip("- ").strip() for line in text.splitlines() if line.strip().startswith("- [")), "")
-    return XGBoostPeerError(f"worker rank {sgd.world_rank()}: XGBoost's collective call failed, connection closed by "
-                            f"peer (another worker stopped; its own error is the cause): {detail}")
+    return XGBoostPeerError(f"worker rank {sgd.world_rank()}: XGBoost's collective call failed because another "
+                            f"worker stopped (its own error or death is the cause): {detail}")
 
 
 def _set_comm_args(args: Optional[Dict[str, Any]]) -> None:
@@ -314,7 +314,20 @@ def _register_lightgbm_worker() -> None:
 
 def machines_for(addresses: List[Any]) -> str:
     """LightGBM's ``machines`` parameter for workers listening at ``(ip, port)`` pairs."""
-    return ",".join(f"{ip}:{port}" for ip, port in addresses)
+    return ",".join(f"{_lightgbm_ip(ip)}:{port}" for ip, port in addresses)
+
+
+def _lightgbm_ip(ip: str) -> str:
+    """The address LightGBM is given for a worker on the node at ``ip``.
+
+    LightGBM finds its own rank by looking for one of its interfaces' addresses (with its port)
+    in ``machines`` ("Machine list file doesn't contain the local machine" otherwise). A node
+    whose Ray address is a loopback alias (``127.0.0.3``: several Ray nodes on one machine, the
+    three-host test fixture) has no interface with that address, only ``127.0.0.1``; every
+    worker that can reach a loopback address is on that machine, so ``127.0.0.1`` is the same
+    place for all of them. LightGBM listens on all interfaces, so the port is the same.
+    """
+    return "127.0.0.1" if ip.startswith("127.") else ip
 
 
 class _LightGBMBackend(Backend):

@@ -54,6 +54,7 @@ class _BoostingTrainer(DataParallelTrainer):
         dataset_config: Optional[Dict[str, DatasetConfig]] = None,
         resume_from_checkpoint: Any = None,
         metadata: Optional[Dict[str, Any]] = None,
+        preprocessor: Any = None,
         label_column: Optional[str] = None,
         params: Optional[Dict[str, Any]] = None,
         num_boost_round: Optional[int] = None,
@@ -88,6 +89,7 @@ class _BoostingTrainer(DataParallelTrainer):
             datasets=datasets,
             dataset_config=dataset_config,
             resume_from_checkpoint=resume_from_checkpoint,
+            preprocessor=preprocessor,
             metadata=metadata,
         )
 
@@ -120,6 +122,7 @@ class _BoostingTrainer(DataParallelTrainer):
             raise ValueError(f"dmatrix_params names datasets {unknown} that are not in datasets= "
                              f"({', '.join(sorted(datasets))})")
         checked = self._check_params(params, scaling)
+        self._given_params = dict(params or {})  # a Tune trial's params= merge into these
         cc = (run_config.checkpoint_config if run_config is not None else None) or CheckpointConfig()
         at_end = True if cc.checkpoint_at_end is None else cc.checkpoint_at_end
         config = {
@@ -139,6 +142,31 @@ class _BoostingTrainer(DataParallelTrainer):
         self.params = checked
         self.num_boost_round = rounds
         return self._legacy_loop(), config, self._legacy_dataset_config(datasets, dataset_config)
+
+    def apply_param_space(self, space: Dict[str, Any]) -> Dict[str, Any]:
+        """A Tune trial's ``param_space`` in the older shape, as Ray 2.x's GBDT trainers took it:
+        ``"params"`` (a dict) merged into the trainer's ``params`` and checked again against the
+        trial's ``scaling_config``; ``"num_boost_round"`` replaces the trainer's. In Ray 2.60's
+        shape, tune ``param_space={"train_loop_config": {...}}`` instead."""
+        left = dict(space)
+        if not self._legacy:
+            return left
+        name = type(self).__name__
+        config = dict(self.train_loop_config)
+        trial_params = left.pop("params", None) or {}
+        if not isinstance(trial_params, dict):
+            raise ValueError(f"{name}: param_space['params'] must be a dict of boosting parameters, "
+                             f"got {type(trial_params).__name__}")
+        params = {**self._given_params, **trial_params}
+        config["params"] = self._check_params(params, self.scaling_config)  # the trial's workers
+        if "num_boost_round" in left:
+            rounds = left.pop("num_boost_round")
+            if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds <= 0:
+                raise ValueError(f"{name}: param_space['num_boost_round'] must be a positive int, got {rounds!r}")
+            config["num_boost_round"] = rounds
+        self.train_loop_config = config
+        self.params, self.num_boost_round = config["params"], config["num_boost_round"]
+        return left
 
     def _check_params(self, params: Optional[Dict[str, Any]], scaling: ScalingConfig) -> Dict[str, Any]:
         raise NotImplementedError
@@ -177,13 +205,17 @@ class XGBoostTrainer(_BoostingTrainer):
 
     Ray 2.60's shape: ``XGBoostTrainer(train_loop_per_worker, *, train_loop_config=None,
     xgboost_config=None, scaling_config=None, run_config=None, datasets=None, dataset_config=None,
-    resume_from_checkpoint=None, metadata=None)``; inside the loop, ``xgboost.train(...)`` is one
-    distributed job (build the matrices with :func:`sgd_xgboost.to_quantile_dmatrix` from
-    ``sgd.get_dataset_shard(name)``, report with :class:`sgd_xgboost.XGBoostReportCallback`).
+    resume_from_checkpoint=None, metadata=None, preprocessor=None)``; inside the loop,
+    ``xgboost.train(...)`` is one distributed job (build the matrices with
+    :func:`sgd_xgboost.to_quantile_dmatrix` from ``sgd.get_dataset_shard(name)``, report with
+    :class:`sgd_xgboost.XGBoostReportCallback`).
 
     The older shape: ``XGBoostTrainer(*, datasets={"train": ..., "valid": ...}, label_column=,
     params=, num_boost_round=10, dmatrix_params=None, scaling_config=..., run_config=...,
-    resume_from_checkpoint=None, **train_kwargs)`` (``train_kwargs`` go to ``xgboost.train``).
+    resume_from_checkpoint=None, preprocessor=None, **train_kwargs)`` (``train_kwargs`` go to
+    ``xgboost.train``). ``preprocessor``, in either shape: a Ray Data preprocessor applied to every
+    dataset and kept in every checkpoint, as in Ray AIR. A Tune search over ``param_space={"params":
+    {...}, "num_boost_round": ...}`` merges into these (:meth:`apply_param_space`).
     ``params`` are checked against the workers: a GPU without GPUs is a ``ValueError``;
     ``nthread`` defaults to, and is lowered with a warning to, the CPUs each worker reserves.
     ``num_boost_round`` counts the trees of the final model, also when resuming from a checkpoint.
@@ -204,6 +236,7 @@ class XGBoostTrainer(_BoostingTrainer):
         dataset_config: Optional[Dict[str, DatasetConfig]] = None,
         resume_from_checkpoint: Any = None,
         metadata: Optional[Dict[str, Any]] = None,
+        preprocessor: Any = None,
         label_column: Optional[str] = None,
         params: Optional[Dict[str, Any]] = None,
         num_boost_round: Optional[int] = None,
@@ -215,7 +248,8 @@ class XGBoostTrainer(_BoostingTrainer):
         super().__init__(
             train_loop_per_worker, train_loop_config=train_loop_config, backend_config=xgboost_config,
             scaling_config=scaling_config, run_config=run_config, datasets=datasets, dataset_config=dataset_config,
-            resume_from_checkpoint=resume_from_checkpoint, metadata=metadata, label_column=label_column,
+            resume_from_checkpoint=resume_from_checkpoint, metadata=metadata, preprocessor=preprocessor,
+            label_column=label_column,
             params=params, num_boost_round=num_boost_round, dmatrix_params=dmatrix_params, train_kwargs=train_kwargs,
         )
 
@@ -263,6 +297,7 @@ class LightGBMTrainer(_BoostingTrainer):
         dataset_config: Optional[Dict[str, DatasetConfig]] = None,
         resume_from_checkpoint: Any = None,
         metadata: Optional[Dict[str, Any]] = None,
+        preprocessor: Any = None,
         label_column: Optional[str] = None,
         params: Optional[Dict[str, Any]] = None,
         num_boost_round: Optional[int] = None,
@@ -275,7 +310,8 @@ class LightGBMTrainer(_BoostingTrainer):
         super().__init__(
             train_loop_per_worker, train_loop_config=train_loop_config, backend_config=lightgbm_config,
             scaling_config=scaling_config, run_config=run_config, datasets=datasets, dataset_config=dataset_config,
-            resume_from_checkpoint=resume_from_checkpoint, metadata=metadata, label_column=label_column,
+            resume_from_checkpoint=resume_from_checkpoint, metadata=metadata, preprocessor=preprocessor,
+            label_column=label_column,
             params=params, num_boost_round=num_boost_round, dmatrix_params=dmatrix_params, train_kwargs=train_kwargs,
         )
 

@@ -89,7 +89,11 @@ def strip_detailed(results: List[Dict[str, Any]]) -> None:
 
 @dataclass
 class RemoteError:
-    """A user exception captured on a worker, shipped to the driver."""
+    """A user exception captured on a worker, shipped to the driver.
+
+    ``peer_failure``: the exception is a :class:`sgd.errors.PeerFailureError` (decided on the
+    worker, so the driver need not unpickle it to know).
+    """
 
     exc_bytes: Optional[bytes]
     type_name: str
@@ -98,6 +102,7 @@ class RemoteError:
     world_rank: int
     pid: int
     hostname: str
+    peer_failure: bool = False
 
 
 class DirectCheckpoint:

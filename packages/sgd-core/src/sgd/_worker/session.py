@@ -41,7 +41,7 @@ from sgd._common.run_hooks import run_error_hooks, run_in_contexts
 from sgd._worker.driver_files import DriverFiles
 from sgd._worker.resets import ResetLink
 from sgd.checkpoint import METADATA_FILE, Checkpoint, write_dict_dir, write_directory_metadata, write_files
-from sgd.errors import PicklableError
+from sgd.errors import PeerFailureError, PicklableError
 
 #: How many items a worker may buffer ahead of the driver before ``report`` blocks.
 DEFAULT_MAX_PENDING = int(os.environ.get("SGD_MAX_PENDING_RESULTS", "1024"))
@@ -240,6 +240,7 @@ class Session:
             self.context.world_rank,
             os.getpid(),
             socket.gethostname(),
+            peer_failure=isinstance(exc, PeerFailureError),
         )
 
     # --- called from the training thread ------------------------------------

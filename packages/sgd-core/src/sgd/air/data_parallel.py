@@ -118,6 +118,22 @@ class DataParallelTrainer:
         # Ray AIR's attribute name (its tests read it).
         return self.train_loop_config
 
+    def apply_param_space(self, space: Dict[str, Any]) -> Dict[str, Any]:
+        """Take the keys of a Tune trial's sampled ``param_space`` that are this trainer's own
+        arguments; return the keys left.
+
+        sgd-tune calls it on each trial's copy of the trainer, after it applied
+        ``train_loop_config`` and the arguments every trainer has (``scaling_config``,
+        ``run_config``, ``datasets``, ``resume_from_checkpoint``); a key still left is an error
+        naming it. The base class takes none. A framework trainer overrides it for arguments of
+        its own, as Ray Train's trainers did (``XGBoostTrainer`` merges ``param_space["params"]``
+        into its boosting parameters).
+
+        :param space: the trial's values not taken yet, by key (not to be mutated).
+        :returns: the keys of ``space`` this trainer did not take, with their values.
+        """
+        return dict(space)
+
     # --- running ----------------------------------------------------------------------
 
     def _experiment_dir(self) -> Tuple[Path, Optional[str]]:

@@ -51,8 +51,10 @@ ELASTIC = "elastic"
 #: long while the driver watches for the death itself, which restarts the group instead.
 PEER_FAILURE_GRACE_S = float(os.environ.get("SGD_PEER_FAILURE_GRACE_S", "10"))
 def looks_like_peer_failure(err: RemoteError) -> bool:
-    """Whether a worker's error is what a collective raises when another worker died."""
-    return reads_like_peer_failure(err.type_name, err.message)
+    """Whether a worker's error is what a collective raises when another worker died: a
+    :class:`~sgd.errors.PeerFailureError` (flagged on the worker), or an error whose message
+    reads like one of the collectives sgd knows (gloo, NCCL, torch.distributed)."""
+    return err.peer_failure or reads_like_peer_failure(err.type_name, err.message)
 
 
 def remote_exception(err: RemoteError) -> BaseException:
