@@ -43,6 +43,7 @@ from sgd._common.peers import reads_like_peer_failure
 from sgd._common.run_hooks import INTERRUPT_HOOKS, RESET_HOOKS
 from sgd._worker.resets import ResetInterrupt, ResetLink, Resume
 from sgd._worker.session import STATE
+from sgd.errors import PeerFailureError
 
 logger = logging.getLogger("sgd")
 
@@ -159,8 +160,12 @@ class ObjectState(State):
         for name, value in copy.deepcopy(snapshot).items():
             setattr(self, name, value)
 
+    def value_names(self) -> List[str]:
+        """The names of the values, in the order given."""
+        return list(self._names)
 
-_RESERVED = {n for n in dir(State) if not n.startswith("_")}
+
+_RESERVED = {n for n in dir(ObjectState) if not n.startswith("_")}
 
 
 def _first_uncopyable(values: Dict[str, Any]) -> str:
@@ -215,7 +220,8 @@ def run(func: F) -> F:
             except ResetInterrupt:
                 reason, failed = "the group re-forms", link.hard
             except Exception as exc:
-                if not (link.hard or reads_like_peer_failure(type(exc).__name__, str(exc))):
+                if not (link.hard or isinstance(exc, PeerFailureError)
+                        or reads_like_peer_failure(type(exc).__name__, str(exc))):
                     raise
                 reason, failed = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}", True
                 del exc  # its traceback holds the failed step's frames, and they the process group

@@ -65,13 +65,13 @@ class TorchState(State):
 
     def __getattr__(self, name: str) -> Any:
         values = self.__dict__.get("_values")
-        if values is not None and name in values._names:
+        if values is not None and name in values.value_names():
             return getattr(values, name)
         raise AttributeError(f"{type(self).__name__} has no value {name!r}")
 
     def __setattr__(self, name: str, value: Any) -> None:
         values = self.__dict__.get("_values")
-        if values is not None and name in values._names:
+        if values is not None and name in values.value_names():
             setattr(values, name, value)
         else:
             super().__setattr__(name, value)
