@@ -126,6 +126,9 @@ class WorkerGroup:
         )
         # One slot per worker, in index order: (placement group, bundle index; -1 is any bundle).
         self._slots: List[Tuple[PlacementGroup, int]] = []
+        # Slots of workers removed while their reservation is kept (a group re-formed in place,
+        # sgd.elastic): reused first when workers are added, so the group grows back into them.
+        self._spare: List[Tuple[PlacementGroup, int]] = []
         # The placement groups this group reserved itself (removed on shutdown).
         self._own_pgs: List[PlacementGroup] = []
         # Preloads sent to each actor (by actor id): calls with user code wait for them there.
@@ -300,7 +303,7 @@ class WorkerGroup:
 
     def _add(self, num_workers: int, node_id: Optional[str] = None) -> None:
         """:meth:`add_workers` without its checks (a group re-forming in place, sgd.elastic)."""
-        slots = self._reserve(num_workers, first=False, node_id=node_id)
+        slots = self._slots_for(num_workers, node_id)
         try:
             actors, metadata = self._launch(slots)
         except BaseException:
@@ -330,13 +333,53 @@ class WorkerGroup:
             raise ValueError("remove_workers would leave no worker; call shutdown() instead")
         self._remove(indexes)
 
-    def _remove(self, indexes: List[int]) -> None:
-        """:meth:`remove_workers` without its checks (a group re-forming in place, sgd.elastic)."""
+    def _slots_for(self, count: int, node_id: Optional[str] = None) -> List[Tuple[PlacementGroup, int]]:
+        """Slots for ``count`` more workers: usable spare ones first (:meth:`usable_spare`), then
+        a new reservation."""
+        spare = self.usable_spare()[:count] if node_id is None else []
+        for slot in spare:
+            self._spare.remove(slot)
+        if len(spare) == count:
+            return spare
+        try:
+            return spare + self._reserve(count - len(spare), first=False, node_id=node_id)
+        except BaseException:
+            self._spare += spare
+            raise
+
+    def usable_spare(self) -> List[Tuple[PlacementGroup, int]]:
+        """The spare slots (of workers removed with their reservation kept) whose bundle is
+        placed now on a live node this group does not avoid (one lost with its host is placed
+        again by Ray once a node has room)."""
+        if not self._spare:
+            return []
+        from ray.util import placement_group_table
+
+        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")} - set(self._avoid_nodes)
+        usable = []
+        tables: Dict[str, Any] = {}
+        for pg, index in self._spare:
+            key = pg.id.hex()
+            if key not in tables:
+                try:
+                    tables[key] = placement_group_table(pg)
+                except Exception:
+                    tables[key] = {}
+            node = tables[key].get("bundles_to_node_id", {}).get(index)
+            if tables[key].get("state") == "CREATED" and node in alive:
+                usable.append((pg, index))
+        return usable
+
+    def _remove(self, indexes: List[int], keep_slots: bool = False) -> None:
+        """:meth:`remove_workers` without its checks (a group re-forming in place, sgd.elastic);
+        ``keep_slots``: keep their reservation for workers added later."""
         n = len(self.workers)
         gone = set(indexes)
         for i in sorted(gone):
             ray.kill(self.workers[i], no_restart=True)
             self._preloads.pop(self.workers[i]._actor_id, None)
+        if keep_slots:
+            self._spare += [self._slots[i] for i in sorted(gone) if self._slots[i][1] >= 0]
         keep = [i for i in range(n) if i not in gone]
         self._slots = [self._slots[i] for i in keep]
         self._release_unused()
@@ -344,7 +387,7 @@ class WorkerGroup:
 
     def _release_unused(self) -> None:
         """Remove the placement groups this group reserved that no worker uses any more."""
-        used = {id(pg) for pg, _ in self._slots}
+        used = {id(pg) for pg, _ in self._slots + self._spare}
         unused = [pg for pg in self._own_pgs if id(pg) not in used]
         self._own_pgs = [pg for pg in self._own_pgs if id(pg) in used]
         for pg in unused:
@@ -474,7 +517,7 @@ class WorkerGroup:
 
     def _release(self) -> None:
         # Only our own reservations: the caller's or an enclosing one is theirs to remove.
-        pgs, self._own_pgs, self._slots = self._own_pgs, [], []
+        pgs, self._own_pgs, self._slots, self._spare = self._own_pgs, [], [], []
         for pg in pgs:
             try:
                 remove_placement_group(pg)

@@ -302,7 +302,9 @@ class ActorGroup:
         for meta in wg.metadata if wg is not None else []:
             if meta.node_id not in avoid:
                 ours[meta.node_id] = ours.get(meta.node_id, 0) + 1
-        return fitting_workers(self.resources_per_worker, ours, avoid)
+        # The reservations of workers a re-formed group left (sgd.elastic): room of its own.
+        spare = len(wg.usable_spare()) if wg is not None and wg._spare else 0
+        return fitting_workers(self.resources_per_worker, ours, avoid) + spare
 
     def _replace_failed(self, wg: WorkerGroup) -> Optional[List[int]]:
         """Replace the workers of a fixed-size group after a failure: only the ones that died
@@ -426,15 +428,13 @@ class ActorGroup:
         wg._placement_timeout_s = ELASTIC_ATTEMPT_S  # there was room a moment ago; else try again later
         try:
             with deaths_as_errors(None, "starting workers to grow the group"):
-                slots = wg._reserve(count, first=False)
+                slots = wg._slots_for(count)
                 try:
                     actors, metadata = wg._launch(slots)
                     if self._initialization_hook is not None:
                         ray.get([a._sgd_execute.remote(self._initialization_hook, (), {}) for a in actors])
                 except BaseException:
-                    wg._own_pgs = [pg for pg in wg._own_pgs if all(pg is not s[0] for s in slots)]
-                    for pg in {id(s[0]): s[0] for s in slots}.values():
-                        remove_placement_group(pg)
+                    self._drop_slots(slots)
                     raise
         except Exception as exc:
             return exc
@@ -492,10 +492,20 @@ class ActorGroup:
             slots, actors, _ = self._joining
             for a in actors:
                 ray.kill(a, no_restart=True)
-            for pg in {id(s[0]): s[0] for s in slots if s[0] in self.worker_group._own_pgs}.values():
-                self.worker_group._own_pgs.remove(pg)
-                remove_placement_group(pg)
+            self._drop_slots(slots)
         self._joining = None
+
+    def _drop_slots(self, slots: List[Any]) -> None:
+        """Slots taken for workers that will not join: spare ones go back, new reservations go."""
+        wg = self.worker_group
+        assert wg is not None
+        in_use = {id(pg) for pg, _ in wg._slots}
+        for slot in slots:
+            if id(slot[0]) in in_use:
+                wg._spare.append(slot)
+        for pg in {id(s[0]): s[0] for s in slots if id(s[0]) not in in_use and s[0] in wg._own_pgs}.values():
+            wg._own_pgs.remove(pg)
+            remove_placement_group(pg)
         self._health, self._next_health_check = HEALTHY, 0.0
 
     def end(self, ok: bool, error: Optional[BaseException] = None) -> None:

@@ -49,7 +49,7 @@ def reform_in_place(group: Any, barrier: Barrier, iteration: int) -> None:
         where = ", ".join(f"rank {i} ({wg.metadata[i].node_ip})" for i in gone)
         logger.warning("re-forming the group in place without %s; %d survivor(s) keep their processes",
                        where, len(survivors))
-        wg._remove(gone)
+        wg._remove(gone, keep_slots=True)  # their bundles: where the group grows back
     new: List[int] = []
     if group._joining is not None:  # started to grow the group: they join now
         slots, actors, metadata = group._joining
