@@ -134,6 +134,71 @@ def test_elastic_goes_on_when_a_host_is_lost_and_grows_back(hosts):
     assert _steps(trainer.latest_run_dir) == steps
 
 
+def _train_in_place(config):
+    import time
+
+    import ray
+    import torch
+    import torch.distributed as dist
+
+    from sgd import elastic
+
+    state = elastic.ObjectState(step=0)
+
+    @elastic.run
+    def train(state):
+        while state.step < config["steps"]:
+            dist.all_reduce(torch.ones(1))
+            time.sleep(0.05)
+            state.step += 1
+            state.commit()
+            sgd.report(step=state.step, world_size=sgd.world_size(), pid=os.getpid(),
+                       ip=ray.util.get_node_ip_address())
+
+    train(state)
+
+
+def test_in_place_a_lost_host_leaves_the_survivors_running_and_the_group_grows_back_onto_it(hosts):
+    # sgd.elastic.run (issue 36): the survivors keep their processes when a host is lost (found
+    # by its raylet refusing connections, not when Ray fails the calls), and the group grows
+    # back onto the host when it returns, into the reservation the lost workers left.
+    lost = hosts.hosts[1]
+    came_back = threading.Event()
+
+    def lose(results):
+        lost.kill()
+
+        def bring_back():
+            wait_for(lambda: any(r[0]["world_size"] == 2 for r in chaos.rounds), timeout=120)
+            hosts.restart(lost)
+            came_back.set()
+
+        threading.Thread(target=bring_back, daemon=True).start()
+
+    chaos = _OnStep(3, lose)
+    trainer = sgd.Trainer(backend="torch", num_workers=(2, 4), max_retries=1)
+    trainer.start()
+    try:
+        it = trainer.run_iterator(_train_in_place, config={"steps": 100000})
+        for results in it:
+            chaos.handle_result(results)
+            if came_back.is_set() and results[0]["world_size"] == 4:
+                break
+        else:
+            pytest.fail("the run ended before the group grew back")
+        it.stop()
+    finally:
+        trainer.shutdown()
+    steps = [r[0]["step"] for r in chaos.rounds]
+    assert steps == list(range(1, len(steps) + 1))  # nothing lost, nothing twice
+    before = {(r["ip"], r["pid"]) for r in chaos.rounds[0]}
+    survivors = {w for w in before if w[0] != lost.ip}
+    small = [r for r in chaos.rounds if r[0]["world_size"] == 2]
+    assert small and {(r["ip"], r["pid"]) for r in small[0]} == survivors, "the survivors kept their processes"
+    grown = {(r["ip"], r["pid"]) for r in chaos.rounds[-1]}
+    assert survivors < grown and {ip for ip, _ in grown - survivors} == {lost.ip}, "grew back onto the host"
+
+
 def test_fixed_size_waits_for_room_then_says_what_is_missing_and_where(hosts):
     trainer = sgd.Trainer(backend="base", num_workers=4, max_retries=-1, placement_timeout_s=3)
     chaos = _OnStep(3, lambda results: hosts.hosts[0].kill())
