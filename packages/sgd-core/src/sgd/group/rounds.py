@@ -26,6 +26,7 @@ from sgd._common.protocol import CHECKPOINT, CHECKPOINT_KEY, REPORT, RemoteError
 from sgd._common.waits import wait
 from sgd._worker.unsendable import recover_poll
 from sgd.errors import WorkerDiedError, WorkerError
+from sgd.group.resets import ELASTIC, RESET_CHECK_S, ResetBarrier
 from sgd.group.status import Barrier, Poll
 
 #: Most items one poll returns.
@@ -37,16 +38,6 @@ PREFETCH_BELOW = 4096
 #: (every round they complete is delivered) while they keep sending some: the driver gives up
 #: once none came for this long (a worker blocked in a collective with the failed one).
 ERROR_DRAIN_S = float(os.environ.get("SGD_ERROR_DRAIN_S", "5"))
-#: In-place recovery (sgd.elastic): once a reset began, how long the workers still in the group
-#: get to come to the barrier (a long step ends first; a hard interrupt fails a blocked
-#: collective at once), and how long one gets to answer the interrupt at all (a process that
-#: stopped answering, e.g. a silent host). Past either, the worker is stopped and left out.
-RESET_TIMEOUT_S = float(os.environ.get("SGD_ELASTIC_RESET_TIMEOUT_S", "60"))
-ANSWER_TIMEOUT_S = float(os.environ.get("SGD_ELASTIC_ANSWER_TIMEOUT_S", "5"))
-#: While a reset waits, how often the hosts of the workers not yet there are checked.
-RESET_CHECK_S = 0.25
-ELASTIC = "elastic"
-
 #: An error that reads like a peer's death (its collective lost the connection) is held this
 #: long while the driver watches for the death itself, which restarts the group instead.
 PEER_FAILURE_GRACE_S = float(os.environ.get("SGD_PEER_FAILURE_GRACE_S", "10"))
@@ -97,8 +88,9 @@ def _awaits_ack(batch: List[Tuple[str, Any]]) -> bool:
     return kind == CHECKPOINT or (kind == REPORT and isinstance(data, dict) and CHECKPOINT_KEY in data)
 
 
-class RoundCollector:
-    """Collects per-worker batches into rounds (one item per worker), in order."""
+class RoundCollector(ResetBarrier):
+    """Collects per-worker batches into rounds (one item per worker), in order; the reset
+    barrier of a run in ``sgd.elastic.run`` is :class:`~sgd.group.resets.ResetBarrier`'s."""
 
     def __init__(self, workers: List[Any], starts: Optional[List[Optional[ray.ObjectRef]]] = None,
                  lost_hosts: Optional[Callable[[List[int]], List[int]]] = None):
@@ -126,20 +118,7 @@ class RoundCollector:
         self._started = [starts is None or starts[i] is None for i in range(n)]
         #: when (monotonic) a worker last sent an item, ended or started its run
         self.last_progress = time.monotonic()
-        # In-place recovery (sgd.elastic): whether the run announced it; the workers waiting at
-        # the reset barrier (index -> Arrival) and the ones out of the group (index -> why);
-        # the interrupts sent (call -> (index, when)); when the reset's time is up.
-        self.elastic = False
-        self._arrived: Dict[int, Any] = {}
-        self._gone: Dict[int, BaseException] = {}
-        self._interrupts: Dict[ray.ObjectRef, Tuple[int, float]] = {}
-        self._interrupted_hard = False
-        self._reset_deadline: Optional[float] = None
-        self._growing = False
-        # Which of the given workers run on a host that is gone (its raylet refuses connections):
-        # Ray itself takes seconds to fail the calls to them. Asked while a reset waits.
-        self._lost_hosts = lost_hosts
-        self._next_host_check = 0.0
+        self._init_resets(lost_hosts)
 
     def poll(self, timeout_s: float) -> Poll:
         """The next round, the end, a failure, or idle when nothing came within ``timeout_s``.
@@ -201,124 +180,6 @@ class RoundCollector:
             if not ready:
                 return _IDLE
             self._receive(ready)
-
-    # --- in-place recovery (sgd.elastic) ---------------------------------------------------------
-
-    def _next_in_reset(self) -> Any:
-        """While the group waits to re-form: a round from the items that workers out of the
-        stream (gone, or waiting) left, or the :class:`Barrier` once every live worker waits
-        and its items are all delivered; ``None``: wait for more."""
-        n = len(self._workers)
-        out = set(self._gone) | set(self._arrived)
-        if any(self._done[i] for i in range(n) if i not in self._gone):
-            # A run that already returned cannot re-form: the group restarts from the checkpoint.
-            raise next(iter(self._gone.values()), None) or WorkerDiedError(
-                "a worker's run ended while its group re-formed", -1)
-        live_items = [i for i in range(n) if i not in self._gone and self._pending[i]]
-        if live_items and all(self._pending[i] or i in out for i in range(n)):
-            # A round only some finished: delivered with what the others sent (the workers that
-            # are gone may have sent theirs; items only they sent are redone by the survivors).
-            taken = [i for i in range(n) if self._pending[i]]
-            items = [self._pending[i].popleft() for i in taken]
-            kind = items[0][0]
-            if any(k != kind for k, _ in items):
-                self._mismatch_kinds(items)
-            if kind == CHECKPOINT and taken[0] != 0:
-                return self._next_in_reset()  # rank 0's state is lost with it: no checkpoint to keep
-            return decode_round(kind, [d for _, d in items])
-        if all(i in out for i in range(n)) and not live_items:
-            if not self._arrived:  # every worker is gone: nothing to re-form
-                first = next(iter(self._gone.values()))
-                lost = WorkerDiedError(f"every worker of the group was lost (the first: {first})", -1)
-                lost.lost_every_worker = True  # type: ignore[attr-defined]
-                lost.__cause__ = first
-                raise lost
-            for i in self._gone:
-                self._pending[i].clear()
-            return Barrier(dict(self._arrived), dict(self._gone), grew=self._growing)
-        return None
-
-    def _poll_live(self) -> None:
-        for i in range(len(self._workers)):
-            if not self._pending[i] and not self._done[i] and i not in self._gone and i not in self._arrived:
-                self._poll(i)
-
-    def _reset_time_left(self) -> float:
-        return self._reset_deadline if self._reset_deadline is not None else float("inf")
-
-    def _begin_reset(self, hard: bool) -> None:
-        """Ask every worker still running to come to the barrier (hard: a peer died, fail the
-        collectives it is blocked in)."""
-        now = time.monotonic()
-        if self._reset_deadline is None:
-            logger.info("the group re-forms in place: %s", "new workers join" if self._growing else
-                        next((f"rank {i}: {a.reason}" for i, a in self._arrived.items() if a.failed), None)
-                        or next((str(e) for e in self._gone.values()), "asked"))
-            self._reset_deadline = now + RESET_TIMEOUT_S
-        elif not hard or self._interrupted_hard:
-            return
-        self._interrupted_hard = self._interrupted_hard or hard
-        for i, w in enumerate(self._workers):
-            if i not in self._gone and i not in self._arrived and not self._done[i]:
-                self._interrupts[w._sgd_elastic_interrupt.remote(hard)] = (i, now)
-
-    def request_reset(self) -> None:
-        """Ask every worker to come to the barrier at its next commit or report (new workers
-        are waiting to join: not a failure)."""
-        self._growing = True
-        self._begin_reset(hard=False)
-
-    def _lose(self, i: int, error: BaseException) -> None:
-        """Worker ``i`` is out of the group (dead, or stopped for not answering)."""
-        self._gone.setdefault(i, error)
-        self._arrived.pop(i, None)
-        self._polling.discard(i)
-        for calls in (self._inflight, self._watches, self._starting):
-            for ref in [r for r, j in calls.items() if j == i]:
-                del calls[ref]
-        for ref in [r for r, (j, _) in self._interrupts.items() if j == i]:
-            del self._interrupts[ref]
-        self._begin_reset(hard=True)
-
-    def _check_reset_time(self) -> None:
-        """Stop the workers that did not answer the interrupt, or did not come in time; leave
-        out at once the ones whose host is gone."""
-        now = time.monotonic()
-        if self._reset_deadline is not None and self._lost_hosts is not None and now >= self._next_host_check:
-            self._next_host_check = now + RESET_CHECK_S
-            waiting = [i for i in range(len(self._workers))
-                       if i not in self._gone and i not in self._arrived and not self._done[i]]
-            for i in self._lost_hosts(waiting) if waiting else []:
-                self._lose(i, WorkerDiedError(f"worker rank {i} is gone: its host does not answer", i))
-            now = time.monotonic()
-        late = [(i, f"did not answer within {ANSWER_TIMEOUT_S:.3g}s (its process or host stopped responding)")
-                for (i, sent) in self._interrupts.values() if now - sent >= ANSWER_TIMEOUT_S]
-        if self._reset_deadline is not None and now >= self._reset_deadline:
-            late += [(i, f"did not come to the reset within {RESET_TIMEOUT_S:.3g}s (SGD_ELASTIC_RESET_TIMEOUT_S)")
-                     for i in range(len(self._workers)) if i not in self._gone and i not in self._arrived]
-        for i, why in late:
-            if i in self._gone:
-                continue
-            try:
-                ray.kill(self._workers[i], no_restart=True)
-            except Exception:
-                pass
-            self._lose(i, WorkerDiedError(f"worker rank {i} {why}; stopped and left out of the group", i))
-
-    def _take_elastic(self, i: int, arrival: Any) -> None:
-        self.elastic = True
-        if not arrival.waits:
-            return
-        self._arrived[i] = arrival
-        self._polling.discard(i)
-        for ref in [r for r, (j, _) in self._interrupts.items() if j == i]:
-            del self._interrupts[ref]
-        if arrival.failed or self._growing:
-            # After a failure, or once the first worker waits for new ones to join: the others
-            # may be blocked in a collective the waiting ones will not join; fail it now.
-            self._begin_reset(hard=True)
-        elif self._reset_deadline is None:
-            self._reset_deadline = time.monotonic() + RESET_TIMEOUT_S  # a sync: everyone comes by itself
 
     def _wait(self, timeout: float) -> List[Any]:
         """The calls that returned: every one that has (one ``ray.wait`` for all of them, so
