@@ -147,7 +147,9 @@ def main() -> None:
             "recover_s": statistics.median([x["recover_s"] for x in r["loss"]]),
             "recover_runs": [round(x["recover_s"], 2) for x in r["loss"]],
             "steps_missing": sorted({s for x in r["loss"] for s in x["steps_missing"]}),
-            "steps_redone": [x["last_step_before_kill"] - x["first_step_after"] + 1 for x in r["loss"]],
+            # (a step the old group finished just after the kill makes the first step after it
+            # come later: nothing was run again then, not "-1")
+            "steps_redone": [max(0, x["last_step_before_kill"] - x["first_step_after"] + 1) for x in r["loss"]],
             "survivors_restarted": [x["survivors_restarted"] for x in r["loss"]],
         }
     data["summary"] = summary
