@@ -89,14 +89,15 @@ class _OnStep(sgd.TrainingCallback):
             self.action(results)
 
 
-def test_elastic_goes_on_when_a_host_is_lost_and_grows_back(hosts):
-    lost = hosts.hosts[1]
+def _lose_at_step_3_and_bring_back(hosts, lost):
+    """A callback that kills every process of host ``lost`` at once when step 3 arrives, and
+    starts the host again once the group goes on with 2 workers; and the event set then."""
     came_back = threading.Event()
 
     def lose(results):
-        lost.kill()  # every process of the host, at once
+        lost.kill()
 
-        def bring_back():  # after the group restarted without it
+        def bring_back():  # after the group went on without it
             wait_for(lambda: any(r[0]["world_size"] == 2 for r in chaos.rounds), timeout=120)
             hosts.restart(lost)
             came_back.set()
@@ -104,6 +105,12 @@ def test_elastic_goes_on_when_a_host_is_lost_and_grows_back(hosts):
         threading.Thread(target=bring_back, daemon=True).start()
 
     chaos = _OnStep(3, lose)
+    return chaos, came_back
+
+
+def test_elastic_goes_on_when_a_host_is_lost_and_grows_back(hosts):
+    lost = hosts.hosts[1]
+    chaos, came_back = _lose_at_step_3_and_bring_back(hosts, lost)
     trainer = sgd.Trainer(backend="base", num_workers=(2, 4), max_retries=1)
     trainer.start()
     try:
@@ -163,19 +170,7 @@ def test_in_place_a_lost_host_leaves_the_survivors_running_and_the_group_grows_b
     # by its raylet refusing connections, not when Ray fails the calls), and the group grows
     # back onto the host when it returns, into the reservation the lost workers left.
     lost = hosts.hosts[1]
-    came_back = threading.Event()
-
-    def lose(results):
-        lost.kill()
-
-        def bring_back():
-            wait_for(lambda: any(r[0]["world_size"] == 2 for r in chaos.rounds), timeout=120)
-            hosts.restart(lost)
-            came_back.set()
-
-        threading.Thread(target=bring_back, daemon=True).start()
-
-    chaos = _OnStep(3, lose)
+    chaos, came_back = _lose_at_step_3_and_bring_back(hosts, lost)
     trainer = sgd.Trainer(backend="torch", num_workers=(2, 4), max_retries=1)
     trainer.start()
     try:

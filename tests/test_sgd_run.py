@@ -227,10 +227,11 @@ print(f"finished with total {total}")
 '''
 
 
-def test_killed_worker_restarts_the_script(ray_cluster, tmp_path):
+def _run_killing_rank_1_at_step_3(tmp_path: Path, script: Path, after_kill=lambda: None):
+    """``sgd run -n 2`` of ``script`` on this session's cluster; rank 1's process is SIGKILLed
+    once step 3 is reported. Returns the process, its output, and every round reported."""
     import ray
 
-    script = _write(tmp_path, "restarts.py", RESTARTING_SCRIPT)
     proc = subprocess.Popen(
         [*SGD, "run", "-n", "2", "--max-retries", "1", "--logdir", str(tmp_path / "exp"), str(script)],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -241,13 +242,19 @@ def test_killed_worker_restarts_the_script(ray_cluster, tmp_path):
         rounds = wait_for(lambda: [r for r in _results(run_dir) if r[0]["step"] == 3], timeout=180,
                           message="the script never reported step 3")
         os.kill(rounds[0][1]["pid"], signal.SIGKILL)  # rank 1
+        after_kill()
         out, err = proc.communicate(timeout=180)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+    return proc, out, err, _results(run_dir)
+
+
+def test_killed_worker_restarts_the_script(ray_cluster, tmp_path):
+    script = _write(tmp_path, "restarts.py", RESTARTING_SCRIPT)
+    proc, out, err, rounds = _run_killing_rank_1_at_step_3(tmp_path, script)
     assert proc.returncode == 0, err
-    rounds = _results(run_dir)
     assert [r[0]["step"] for r in rounds] == [1, 2, 3, 4, 5, 6]
     assert [r[0]["restart"] for r in rounds] == [0, 0, 0, 1, 1, 1]
     assert rounds[-1][0]["total"] == sum(2 * s for s in range(1, 7))
@@ -296,28 +303,11 @@ print(f"finished with total {state.total}")
 
 
 def test_a_killed_worker_is_replaced_in_place_and_the_survivor_keeps_its_process(ray_cluster, tmp_path):
-    import ray
-
     script = _write(tmp_path, "in_place.py", IN_PLACE_SCRIPT)
     (tmp_path / "hold").write_text("")
-    proc = subprocess.Popen(
-        [*SGD, "run", "-n", "2", "--max-retries", "1", "--logdir", str(tmp_path / "exp"), str(script)],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=_env(RAY_ADDRESS=ray.get_runtime_context().gcs_address),
-    )
-    run_dir = tmp_path / "exp" / "run_001"
-    try:
-        rounds = wait_for(lambda: [r for r in _results(run_dir) if r[0]["step"] == 3], timeout=180,
-                          message="the script never reported step 3")
-        os.kill(rounds[0][1]["pid"], signal.SIGKILL)  # rank 1
-        (tmp_path / "hold").unlink()
-        out, err = proc.communicate(timeout=180)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    proc, out, err, rounds = _run_killing_rank_1_at_step_3(tmp_path, script,
+                                                           after_kill=lambda: (tmp_path / "hold").unlink())
     assert proc.returncode == 0, err
-    rounds = _results(run_dir)
     assert [r[0]["step"] for r in rounds] == [1, 2, 3, 4, 5, 6]
     assert {r[0]["pid"] for r in rounds} == {rounds[0][0]["pid"]}, "rank 0 kept its process"
     assert rounds[-1][1]["pid"] != rounds[0][1]["pid"], "a new process for rank 1"
