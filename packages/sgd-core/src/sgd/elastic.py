@@ -40,7 +40,7 @@ import logging
 from typing import Any, Callable, Dict, List, Optional, TypeVar
 
 from sgd._common.peers import reads_like_peer_failure
-from sgd._common.run_hooks import INTERRUPT_HOOKS, RESET_HOOKS
+from sgd._common.run_hooks import RESET_HOOKS, run_interrupt_hooks
 from sgd._worker.resets import ResetInterrupt, ResetLink, Resume
 from sgd._worker.session import STATE
 from sgd.errors import PeerFailureError
@@ -227,7 +227,7 @@ def run(func: F) -> F:
                 del exc  # its traceback holds the failed step's frames, and they the process group
             state._before_reset()
             if failed:
-                _release()  # peers blocked in a collective with this worker fail now, not at a timeout
+                run_interrupt_hooks()  # peers blocked in a collective with this worker fail now, not at a timeout
             logger.info("rank %d: %s; waiting for the group to re-form", session.context.world_rank, reason)
             plan, snapshot = link.barrier(reason, failed)
             for hook in list(RESET_HOOKS):
@@ -240,13 +240,6 @@ def run(func: F) -> F:
 
     return wrapper  # type: ignore[return-value]
 
-
-def _release() -> None:
-    for hook in list(INTERRUPT_HOOKS):
-        try:
-            hook()
-        except Exception:
-            logger.exception("an interrupt hook (%r) raised", hook)
 
 
 __all__ = ["ObjectState", "ResetInterrupt", "State", "run"]

@@ -100,17 +100,13 @@ def _init_process_group(backend: str, init_method: str, rank: int, world_size: i
         dist.destroy_process_group()
     if backend == "nccl":
         os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
-    before = _socket_inodes()
-    dist.init_process_group(
+    _recording_sockets(dist.init_process_group)(
         backend=backend,
         init_method=init_method,
         rank=rank,
         world_size=world_size,
         timeout=timedelta(seconds=timeout_s),
     )
-    # The sockets the group opened (its store and its connections to the peers): what an
-    # interrupt shuts (see _interrupt_process_group).
-    _GROUP_SOCKETS[:] = [(fd, link) for fd, link in _socket_inodes().items() if before.get(fd) != link]
     on_worker_interrupt(_interrupt_process_group)
     if release_on_error:
         on_worker_run_error(_destroy_process_group)
@@ -118,6 +114,22 @@ def _init_process_group(backend: str, init_method: str, rank: int, world_size: i
 
 #: (fd, "socket:[inode]") of each socket the current process group opened on this worker.
 _GROUP_SOCKETS: list = []
+
+
+def _recording_sockets(init: Any) -> Any:
+    """``init`` (``init_process_group``) that records the sockets the group opens (its store
+    and its connections to the peers): what an interrupt shuts (see _interrupt_process_group)."""
+    import functools
+
+    @functools.wraps(init)
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        before = _socket_inodes()
+        out = init(*args, **kwargs)
+        _GROUP_SOCKETS[:] = [(fd, link) for fd, link in _socket_inodes().items() if before.get(fd) != link]
+        return out
+
+    init_process_group._sgd_tracked = True  # type: ignore[attr-defined]
+    return init_process_group
 
 
 def _socket_inodes() -> Dict[int, str]:
@@ -176,24 +188,12 @@ def _track_own_group(timeout_s: int) -> None:
     """On a worker whose training code creates the process group itself: record the sockets
     of the group it creates (so an interrupt can fail a blocked collective), and on a reset in
     place build it again, with the same backend, from the environment the re-formed group got."""
-    import functools
-
     import torch.distributed as dist
 
     global _OWN_GROUP_TIMEOUT_S
     _OWN_GROUP_TIMEOUT_S = timeout_s
     if not getattr(dist.init_process_group, "_sgd_tracked", False):
-        original = dist.init_process_group
-
-        @functools.wraps(original)
-        def init_process_group(*args: Any, **kwargs: Any) -> Any:
-            before = _socket_inodes()
-            out = original(*args, **kwargs)
-            _GROUP_SOCKETS[:] = [(fd, link) for fd, link in _socket_inodes().items() if before.get(fd) != link]
-            return out
-
-        init_process_group._sgd_tracked = True  # type: ignore[attr-defined]
-        dist.init_process_group = init_process_group
+        dist.init_process_group = _recording_sockets(dist.init_process_group)
     on_worker_interrupt(_interrupt_process_group)
     on_worker_reset(_rebuild_own_group)
 

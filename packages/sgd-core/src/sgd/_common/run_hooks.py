@@ -28,6 +28,14 @@ def run_error_hooks() -> None:
             logging.getLogger("sgd").exception("a run-error hook (%r) raised", hook)
 
 
+def run_interrupt_hooks() -> None:
+    for hook in list(INTERRUPT_HOOKS):
+        try:
+            hook()
+        except Exception:  # an interrupt that fails leaves the collective to its timeout
+            logging.getLogger("sgd").exception("an interrupt hook (%r) raised", hook)
+
+
 def run_in_contexts(fn: Callable[[], Any]) -> Any:
     """``fn()`` inside every registered run context (the first registered is the outermost)."""
     if not RUN_CONTEXTS:

@@ -20,12 +20,11 @@ at once.
 
 from __future__ import annotations
 
-import logging
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Tuple
 
-from sgd._common.run_hooks import INTERRUPT_HOOKS
+from sgd._common.run_hooks import run_interrupt_hooks
 from sgd.errors import PicklableError
 
 Key = Tuple[int, int]
@@ -172,11 +171,7 @@ class ResetLink:
             self._hard = self._hard or hard
             self._cv.notify_all()
         if hard:
-            for hook in list(INTERRUPT_HOOKS):
-                try:
-                    hook()
-                except Exception:
-                    logging.getLogger("sgd").exception("an interrupt hook (%r) raised", hook)
+            run_interrupt_hooks()
         return self.entered
 
     def resume(self, plan: Resume, snapshot: Any) -> None:
