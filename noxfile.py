@@ -18,7 +18,8 @@ nox.options.error_on_missing_interpreters = True
 PYTHON = "3.11"
 CONSTRAINTS = ("-c", "constraints.txt")
 PACKAGES = ["packages/sgd-core", "packages/sgd-torch", "packages/sgd-testing", "packages/sgd-loggers"]
-TEST_DEPS = ["pytest>=8", "pytest-timeout", "setuptools", "wheel", "numpy", "pyarrow", "fsspec", "ray[data]",
+TEST_DEPS = ["pytest>=8", "pytest-timeout", "pytest-xdist",  # pytest-xdist: the suite on several workers
+             "setuptools", "wheel", "numpy", "pyarrow", "fsspec", "ray[data]",
              "moto[server]",  # moto: a real S3 server process for the s3:// storage tests
              "torch-tb-profiler",  # TensorBoard's PyTorch Profiler plugin parses the traces sgd writes
              "import-linter",  # tests/test_layers.py runs the import contracts
@@ -59,6 +60,14 @@ def _install(session: nox.Session, *extra: str) -> None:
     session.install(*CONSTRAINTS, *[arg for p in PACKAGES for arg in ("-e", p)], *extra)
 
 
+#: The whole suite runs on this many pytest-xdist workers, each with its own local Ray cluster
+#: (``SGD_TEST_WORKERS``, default 3; 0 runs it in this process). Much of a test's time is spent
+#: waiting (for a deadline, a process start, a peer), so three share two cores well. One test
+#: file stays on one worker (its module-scoped fixtures are made once) and the tests on the
+#: three-host fixture share one worker (docs/contributing.md).
+WHOLE_SUITE = ["-n", os.environ.get("SGD_TEST_WORKERS", "3"), "--dist", "loadgroup", "packages", "tests"]
+
+
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """The whole test suite: each package's tests and the end-to-end tests in tests/ (which run
@@ -69,7 +78,7 @@ def tests(session: nox.Session) -> None:
     if not session.posargs:
         session.notify("docs")
     _install_tests(session)
-    args = session.posargs or ["packages", "tests"]
+    args = session.posargs or WHOLE_SUITE
     session.run("pytest", *args, env={"PYTHONUNBUFFERED": "1"})
 
 
@@ -97,7 +106,7 @@ def coverage(session: nox.Session) -> None:
     env = {"PYTHONUNBUFFERED": "1", "COVERAGE_PROCESS_START": os.path.abspath("pyproject.toml"),
            "COVERAGE_FILE": os.path.join(out, ".coverage")}
     try:
-        session.run("pytest", *(session.posargs or ["packages", "tests"]), env=env, success_codes=[0, 1])
+        session.run("pytest", *(session.posargs or WHOLE_SUITE), env=env, success_codes=[0, 1])
     finally:
         os.remove(os.path.join(site, "sgd_coverage.pth"))
     session.run("coverage", "combine", "--rcfile=pyproject.toml", "--keep", "-q", env=env)

@@ -198,7 +198,13 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("SGD_INFEASIBLE_TIMEOUT_S", "3")
 
 
+#: Fixtures that bind fixed loopback addresses (127.0.0.2-4): their tests share one xdist worker.
+HOST_FIXTURES = frozenset({"host_cluster", "hosts"})
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
+    if config.pluginmanager.hasplugin("xdist"):
+        _group_for_xdist(items)
     try:
         import torch
 
@@ -211,3 +217,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def _group_for_xdist(items: list) -> None:
+    """Under ``pytest -n N --dist loadgroup`` (``nox -s tests``): one test file runs on one
+    worker, so a module-scoped fixture (a started trainer, its own Ray cluster) is made once;
+    every test on the three-host fixture runs on the same worker, one at a time, since the
+    hosts' addresses are fixed. Each worker has its own local Ray cluster."""
+    for item in items:
+        uses_hosts = HOST_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+        group = "hosts" if uses_hosts else item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))
