@@ -223,8 +223,14 @@ def _group_for_xdist(items: list) -> None:
     """Under ``pytest -n N --dist loadgroup`` (``nox -s tests``): one test file runs on one
     worker, so a module-scoped fixture (a started trainer, its own Ray cluster) is made once;
     every test on the three-host fixture runs on the same worker, one at a time, since the
-    hosts' addresses are fixed. Each worker has its own local Ray cluster."""
+    hosts' addresses are fixed, and first: it is the longest group, and xdist hands out groups
+    in collection order. Each worker has its own local Ray cluster."""
+    on_hosts = set()
     for item in items:
-        uses_hosts = HOST_FIXTURES.intersection(getattr(item, "fixturenames", ()))
-        group = "hosts" if uses_hosts else item.nodeid.split("::", 1)[0]
+        if HOST_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            on_hosts.add(item.nodeid)
+            group = "hosts"
+        else:
+            group = item.nodeid.split("::", 1)[0]
         item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: item.nodeid not in on_hosts)  # stable: each file's order is kept
