@@ -1,29 +1,24 @@
 """``TorchConfig`` and the backend that sets up ``torch.distributed`` on the workers.
 
 Nothing here imports torch at module level: the plugin is loaded by every
-``import sgd``-using process, and torch is only needed on the workers.
+``import sgd``-using process, and torch is only needed on the workers. What the backend runs
+on the workers is in :mod:`sgd_torch.process_group`; how its data travels to the driver, in
+:mod:`sgd_torch.transport`.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from dataclasses import dataclass
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Optional, Tuple
 
 import ray
 
-from sgd.backend import (
-    Backend,
-    BackendConfig,
-    free_address,
-    on_worker_interrupt,
-    on_worker_reset,
-    on_worker_run_error,
-    share_cuda_visible_devices,
-)
+from sgd.backend import Backend, BackendConfig, free_address, share_cuda_visible_devices
+from sgd_torch.process_group import _destroy_process_group, _init_process_group, _set_env, _start_run, _track_own_group
+from sgd_torch.transport import _from_transport, _to_cpu, _to_transport
+from sgd_torch.transport import _NumpyTensor as _NumpyTensor
 
 if TYPE_CHECKING:
     from sgd.backend import Workers
@@ -83,191 +78,6 @@ class TorchConfig(BackendConfig):
     @property
     def name(self) -> str:
         return "torch"
-
-
-# --- functions run on the workers ------------------------------------------------
-
-
-def _set_env(env: Dict[str, str]) -> None:
-    os.environ.update(env)
-
-
-def _init_process_group(backend: str, init_method: str, rank: int, world_size: int, timeout_s: int,
-                        release_on_error: bool = False) -> None:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
-    if backend == "nccl":
-        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
-    _recording_sockets(dist.init_process_group)(
-        backend=backend,
-        init_method=init_method,
-        rank=rank,
-        world_size=world_size,
-        timeout=timedelta(seconds=timeout_s),
-    )
-    on_worker_interrupt(_interrupt_process_group)
-    if release_on_error:
-        on_worker_run_error(_destroy_process_group)
-
-
-#: (fd, "socket:[inode]") of each socket the current process group opened on this worker.
-_GROUP_SOCKETS: list = []
-
-
-def _recording_sockets(init: Any) -> Any:
-    """``init`` (``init_process_group``) that records the sockets the group opens (its store
-    and its connections to the peers): what an interrupt shuts (see _interrupt_process_group)."""
-    import functools
-
-    @functools.wraps(init)
-    def init_process_group(*args: Any, **kwargs: Any) -> Any:
-        before = _socket_inodes()
-        out = init(*args, **kwargs)
-        _GROUP_SOCKETS[:] = [(fd, link) for fd, link in _socket_inodes().items() if before.get(fd) != link]
-        return out
-
-    init_process_group._sgd_tracked = True  # type: ignore[attr-defined]
-    return init_process_group
-
-
-def _socket_inodes() -> Dict[int, str]:
-    out: Dict[int, str] = {}
-    try:
-        fds = os.listdir("/proc/self/fd")
-    except OSError:  # not Linux: nothing to track; a blocked collective then ends at its timeout
-        return out
-    for fd in fds:
-        try:
-            link = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if link.startswith("socket:"):
-            out[int(fd)] = link
-    return out
-
-
-def _interrupt_process_group() -> None:
-    """Make a collective blocked on a lost peer fail now (sgd.elastic's interrupt), so the
-    worker comes to the reset barrier instead of waiting out ``timeout_s``.
-
-    gloo: shut down (not close: the group still owns them) the connections the group opened;
-    every pending and later operation on them fails at once, and so do the collectives of the
-    peers connected to this worker. Listening sockets are left alone (gloo's listener thread
-    aborts on one). Destroying the group is not enough: its connections close only once nothing
-    refers to it, and a DDP model or a failed step's frames do. NCCL: abort the communicators."""
-    import socket
-
-    if "torch" not in sys.modules:
-        return
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return
-    if dist.get_backend() == "nccl":
-        dist.distributed_c10d._abort_process_group()
-        return
-    for fd, link in list(_GROUP_SOCKETS):
-        try:
-            if os.readlink(f"/proc/self/fd/{fd}") != link:
-                continue  # closed since, and the number reused
-            sock = socket.socket(fileno=os.dup(fd))
-        except OSError:
-            continue
-        try:
-            if not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
-                sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        finally:
-            sock.close()
-
-
-def _track_own_group(timeout_s: int) -> None:
-    """On a worker whose training code creates the process group itself: record the sockets
-    of the group it creates (so an interrupt can fail a blocked collective), and on a reset in
-    place build it again, with the same backend, from the environment the re-formed group got."""
-    import torch.distributed as dist
-
-    global _OWN_GROUP_TIMEOUT_S
-    _OWN_GROUP_TIMEOUT_S = timeout_s
-    if not getattr(dist.init_process_group, "_sgd_tracked", False):
-        dist.init_process_group = _recording_sockets(dist.init_process_group)
-    on_worker_interrupt(_interrupt_process_group)
-    on_worker_reset(_rebuild_own_group)
-
-
-_OWN_GROUP_TIMEOUT_S = 1800
-
-
-def _rebuild_own_group() -> None:
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return  # the code has not created one (yet): nothing to build again
-    backend = dist.get_backend()
-    dist.destroy_process_group()
-    dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=_OWN_GROUP_TIMEOUT_S))
-
-
-#: torch's global switches as this worker process had them before its first run.
-_FRESH_STATE: Optional[Tuple[Any, bool, bool]] = None
-
-
-def _reset_run_state() -> None:
-    """Give every run on this worker what a fresh process would give it: torch's default
-    CPU random generator state (so unseeded model initialisation is the same as on new
-    workers), deterministic algorithms and cudnn.benchmark as they were. The first run on a
-    process records them; later runs (a re-run, the next Tune trial on reused workers)
-    restore them."""
-    global _FRESH_STATE
-    import torch
-
-    if _FRESH_STATE is None:
-        _FRESH_STATE = (torch.get_rng_state(), torch.are_deterministic_algorithms_enabled(),
-                        bool(torch.backends.cudnn.benchmark))
-        return
-    rng, deterministic, benchmark = _FRESH_STATE
-    torch.set_rng_state(rng)
-    if torch.are_deterministic_algorithms_enabled() != deterministic:
-        # Only when it changed: each call (torch 2.13) leaves references to the default
-        # process group behind, which then outlives destroy_process_group (its connections
-        # stay open: see _destroy_process_group).
-        torch.use_deterministic_algorithms(deterministic)
-    torch.backends.cudnn.benchmark = benchmark
-
-
-def _destroy_process_group() -> None:
-    """Also run, for gloo, when a training function raised (``on_worker_run_error``): the
-    group's connections close, so a peer blocked in a collective with this worker fails at
-    once instead of at the timeout, and the failure spreads through the group (a worker that
-    died closes its connections; a survivor next to it fails and closes its own...). The
-    survivors' runs end within milliseconds: they are kept (``keeps_survivors``).
-
-    The connections close only when nothing refers to the group any more. Calling
-    ``torch.use_deterministic_algorithms`` after the group exists leaves references behind
-    (torch 2.13); then a survivor that does not neighbour the dead worker in a collective
-    waits until it is replaced (``SGD_SURVIVOR_PATIENCE_S``)."""
-    if "torch" not in sys.modules:
-        return
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
-
-
-def _start_run() -> bool:
-    """Before a run on a worker: reset torch's state (:func:`_reset_run_state`); whether the
-    process group sgd set up is still there (a failed run destroys it)."""
-    _reset_run_state()
-    import torch.distributed as dist
-
-    from sgd_torch.train_loop_utils import get_device
-
-    # Hugging Face Accelerate reads the device from here (Ray Train sets it too).
-    os.environ["ACCELERATE_TORCH_DEVICE"] = str(get_device())
-    return dist.is_available() and dist.is_initialized()
 
 
 # --- driver side -----------------------------------------------------------------
@@ -390,110 +200,3 @@ class TorchBackend(Backend):
 
 #: The name this class had before it was public.
 _TorchBackend = TorchBackend
-
-
-def _to_cpu(data: Any) -> Any:
-    import torch
-
-    if isinstance(data, (int, float, str, bool, type(None))):
-        return data
-    if isinstance(data, torch.Tensor):
-        if _is_dtensor(data):
-            raise TypeError(_SHARDED_STATE)
-        return data.detach().cpu() if data.device.type != "cpu" else data.detach()
-    if isinstance(data, dict):
-        return {k: _to_cpu(v) for k, v in data.items()}
-    if isinstance(data, list):
-        return [_to_cpu(v) for v in data]
-    if isinstance(data, tuple) and not hasattr(data, "_fields"):
-        return tuple(_to_cpu(v) for v in data)
-    if isinstance(data, torch.nn.Module):
-        return _module_to_cpu(data)
-    return data
-
-
-class _NumpyTensor:
-    """A CPU tensor travelling as a numpy array: Ray moves those through its object
-    store without copies, while a tensor is serialised with an in-memory torch.save."""
-
-    __slots__ = ("array", "requires_grad")
-
-    def __init__(self, array: Any, requires_grad: bool):
-        self.array = array
-        self.requires_grad = requires_grad
-
-    def __reduce__(self):  # keep pickle protocol 5 out-of-band buffers for the array
-        return (_NumpyTensor, (self.array, self.requires_grad))
-
-
-def _to_transport(data: Any) -> Any:
-    import torch
-
-    if isinstance(data, torch.Tensor):
-        if data.layout != torch.strided or data.dtype in (torch.bfloat16,) or data.is_quantized:
-            return data  # numpy cannot hold it; normal pickling
-        try:
-            return _NumpyTensor(data.detach().contiguous().numpy(), data.requires_grad)
-        except (TypeError, RuntimeError):
-            return data
-    if isinstance(data, dict):
-        return {k: _to_transport(v) for k, v in data.items()}
-    if isinstance(data, list):
-        return [_to_transport(v) for v in data]
-    if isinstance(data, tuple) and not hasattr(data, "_fields"):
-        return tuple(_to_transport(v) for v in data)
-    return data
-
-
-def _from_transport(data: Any) -> Any:
-    if isinstance(data, _NumpyTensor):
-        import numpy as np
-        import torch
-
-        # The array may be a read-only view of Ray's object store: copy it out.
-        tensor = torch.from_numpy(np.array(data.array, copy=True))
-        return tensor.requires_grad_(data.requires_grad) if data.requires_grad else tensor
-    if isinstance(data, dict):
-        return {k: _from_transport(v) for k, v in data.items()}
-    if isinstance(data, list):
-        return [_from_transport(v) for v in data]
-    if isinstance(data, tuple) and not hasattr(data, "_fields"):
-        return tuple(_from_transport(v) for v in data)
-    return data
-
-
-#: Why a sharded (FSDP2) state cannot go into a whole-state report or checkpoint, and the ways out.
-_SHARDED_STATE = (
-    "this state holds DTensor shards of an FSDP2 model (prepare_model(parallel_strategy='fsdp')): each "
-    "worker has only its part, and only rank 0's checkpoint is kept. Put "
-    "torch.distributed.checkpoint.state_dict.get_model_state_dict(model, options=StateDictOptions("
-    "full_state_dict=True, cpu_offload=True)) in the checkpoint, called on every worker (it gathers the "
-    "shards on rank 0)"
-)
-
-
-def _is_dtensor(tensor: Any) -> bool:
-    dtensor = sys.modules.get("torch.distributed.tensor")
-    return dtensor is not None and isinstance(tensor, dtensor.DTensor)
-
-
-def _module_to_cpu(module: Any) -> Any:
-    import copy
-
-    import torch
-
-    if isinstance(module, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
-        module = module.module
-    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
-
-    if isinstance(module, FullyShardedDataParallel):
-        raise TypeError(
-            "an FSDP model holds only this worker's shard and cannot travel whole: put "
-            "model.state_dict() in the report or checkpoint instead, called on every worker "
-            "(it gathers the shards)"
-        )
-    if isinstance(module, FSDPModule):
-        raise TypeError(_SHARDED_STATE)
-    on_device = any(t.device.type != "cpu" for t in list(module.parameters()) + list(module.buffers()))
-    # Copy rather than move: the worker keeps training its model on its device.
-    return copy.deepcopy(module).cpu() if on_device else module

@@ -10,6 +10,10 @@ A checkpoint is a synchronisation point: ``save_checkpoint`` returns only once
 the driver has processed the round that holds it, which the driver signals by
 polling again (it polls a worker only after every item it got from that worker
 went through a round).
+
+What a worker is told (:class:`WorkerContext`, :class:`PreemptionInfo`) is defined in
+:mod:`sgd._worker.context`, what travels for a checkpoint in :mod:`sgd._worker.checkpoint_payloads`,
+and how a session reaches the driver's disk in :mod:`sgd._worker.driver_disk`.
 """
 
 from __future__ import annotations
@@ -21,8 +25,6 @@ import threading
 import time
 import traceback
 from collections import deque
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 from sgd._common.protocol import (
@@ -32,78 +34,22 @@ from sgd._common.protocol import (
     LINE_KEY,
     REPORT,
     DirectCheckpoint,
-    DirectoryFiles,
     DirectWrite,
     RemoteError,
     encode_line,
 )
 from sgd._common.run_hooks import run_error_hooks, run_in_contexts
-from sgd._worker.driver_files import DriverFiles
+from sgd._worker.checkpoint_payloads import checkpoint_payload, materialize, write_direct
+from sgd._worker.checkpoint_payloads import read_files as read_files
+from sgd._worker.context import PreemptionInfo as PreemptionInfo
+from sgd._worker.context import WorkerContext
+from sgd._worker.driver_disk import _DriverDisk
 from sgd._worker.resets import ResetLink
-from sgd.checkpoint import METADATA_FILE, Checkpoint, write_dict_dir, write_directory_metadata, write_files
+from sgd.checkpoint import Checkpoint
 from sgd.errors import PeerFailureError, PicklableError
 
 #: How many items a worker may buffer ahead of the driver before ``report`` blocks.
 DEFAULT_MAX_PENDING = int(os.environ.get("SGD_MAX_PENDING_RESULTS", "1024"))
-
-
-@dataclass
-class WorkerContext:
-    """Where this worker sits in the group. Set by the worker group on start."""
-
-    world_rank: int = 0
-    local_rank: int = 0
-    world_size: int = 1
-    node_rank: int = 0
-    local_world_size: int = 1
-
-    # Method names follow Ray Train's TrainContext so code moves over unchanged.
-    def get_world_rank(self) -> int:
-        return self.world_rank
-
-    def get_local_rank(self) -> int:
-        return self.local_rank
-
-    def get_world_size(self) -> int:
-        return self.world_size
-
-    def get_node_rank(self) -> int:
-        return self.node_rank
-
-    def get_local_world_size(self) -> int:
-        return self.local_world_size
-
-    # Which run this is (set at the start of each run).
-    experiment_name: Optional[str] = None
-    trial_dir: Optional[str] = None
-    trial_name: Optional[str] = None
-    trial_id: Optional[str] = None
-
-    def get_experiment_name(self) -> Optional[str]:
-        """The name of the trainer's ``logdir`` (``RunConfig(name=...)`` for the AIR trainers)."""
-        return self.experiment_name
-
-    def get_trial_dir(self) -> Optional[str]:
-        """This run's directory (``logdir/run_NNN``), a path on the driver's node."""
-        return self.trial_dir
-
-    def get_trial_name(self) -> Optional[str]:
-        """The Ray Tune trial's name when the run is a Tune trial, else ``None``."""
-        return self.trial_name
-
-    def get_trial_id(self) -> Optional[str]:
-        """The Ray Tune trial's id when the run is a Tune trial, else ``None``."""
-        return self.trial_id
-
-    #: Local mode only (``num_workers=0``): the CUDA device indexes of the driver's process the
-    #: function may use (``(0,)`` with ``use_gpu=True``, ``()`` without). ``None`` in a worker
-    #: actor, whose GPUs are the ones Ray gave it (``CUDA_VISIBLE_DEVICES``).
-    local_gpus: Optional[Tuple[int, ...]] = None
-
-    # How this worker reaches the driver's disk (set at the start of each run).
-    driver_node_id: Optional[str] = None
-    #: A ``DriverFileServer`` actor's handle, on runs with workers on other hosts.
-    driver_files: Any = None
 
 
 class _Item:
@@ -123,7 +69,7 @@ class RunStopped(PicklableError, BaseException):
     that a training function's ``except Exception`` does not swallow it; the run ends cleanly."""
 
 
-class Session:
+class Session(_DriverDisk):
     """State of one training run inside one worker process."""
 
     def __init__(
@@ -333,7 +279,8 @@ class Session:
             return
         # The checkpoint's content is taken now: the caller may delete its folder
         # as soon as report returns (``with tempfile.TemporaryDirectory()``).
-        data[CHECKPOINT_KEY] = self._checkpoint_payload(checkpoint)
+        data[CHECKPOINT_KEY] = checkpoint_payload(checkpoint, self._direct_write, self.context.world_rank,
+                                                  self._encode, self._encode_checkpoint)
         item = _Item(REPORT, data, sync=True)
         self._put(item)
         with self._cv:
@@ -342,41 +289,6 @@ class Session:
         self.latest_checkpoint_object = checkpoint
         self.resets.check()
 
-    def _checkpoint_payload(self, checkpoint: Any) -> Any:
-        """What travels to the driver for a checkpoint passed to ``sgd.report``."""
-
-        if not isinstance(checkpoint, Checkpoint):
-            raise TypeError(f"sgd.report(checkpoint=...) takes an sgd.Checkpoint, got {type(checkpoint).__name__}")
-        if checkpoint.path is None:  # a dict checkpoint: as sgd.save_checkpoint sends it
-            state = checkpoint.to_dict()
-            if self._direct_write and self.context.world_rank == 0:
-                direct = self._write_direct(state)
-                if direct is not None:
-                    return direct
-            return self._encode_checkpoint(dict(state))
-        with checkpoint.as_directory() as local:
-            if self._direct_write and self.context.world_rank == 0:
-                direct = self._copy_direct(local)
-                if direct is not None:
-                    return direct
-            return DirectoryFiles(read_files(local))
-
-    def _copy_direct(self, source: str) -> Optional[DirectCheckpoint]:
-        """Copy a directory checkpoint straight into the (local) checkpoint folder."""
-        import shutil
-        import uuid
-
-
-        assert self._direct_write is not None
-        target = os.path.join(self._direct_write.directory, f".tmp_direct_{uuid.uuid4().hex[:12]}")
-        try:
-            shutil.copytree(source, target)
-            write_directory_metadata(Path(target))
-        except OSError:
-            shutil.rmtree(target, ignore_errors=True)
-            return None
-        return DirectCheckpoint(target, {})
-
     def save_checkpoint(self, state: Dict[str, Any]) -> None:
         # Only rank 0's state is kept; the other ranks send a marker so that
         # the driver can still check that every rank took part.
@@ -384,7 +296,7 @@ class Session:
             return
         data = None
         if self.context.world_rank == 0:
-            data = self._write_direct(state) if self._direct_write else None
+            data = write_direct(state, self._direct_write, self._encode) if self._direct_write else None
             if data is None:
                 data = self._encode_checkpoint(dict(state))
         item = _Item(CHECKPOINT, data)
@@ -433,36 +345,6 @@ class Session:
         run was stopped (``TrainingIterator.stop``); not run when the function raised."""
         self._finalizers.append(finalizer)
 
-    @property
-    def shares_driver_disk(self) -> bool:
-        """Whether this worker runs on the driver's host, and so sees the run directory (and
-        every path the driver passes) on its own disk. Workers elsewhere reach the driver's
-        disk through :attr:`driver_files`."""
-        if self.context.driver_node_id is None:
-            return True  # not started by a trainer (tests, local use): one host
-        import ray
-
-        return bool(ray.get_runtime_context().get_node_id() == self.context.driver_node_id)
-
-    @property
-    def driver_files(self) -> Any:
-        """A :class:`sgd._worker.driver_files.DriverFiles` for a worker on another host than the
-        driver's: ``upload(local, driver_path)`` into the run directory, ``read(driver_path,
-        offset, length)`` of the run directory or the checkpoint the run started from."""
-        server = self.context.driver_files
-        if server is None:
-            raise RuntimeError("this run has no file server on the driver's host (its workers share the driver's "
-                               "disk, or it has no run directory)")
-        return DriverFiles(server)
-
-    @property
-    def checkpoint_dir(self) -> Optional[str]:
-        """The run's checkpoint folder (``run_dir/checkpoints``) as the driver sees it, or
-        ``None`` when the run has no directory. A worker on another host reaches it only
-        when the hosts share that filesystem."""
-        run_dir = self.context.get_trial_dir()
-        return os.path.join(run_dir, "checkpoints") if run_dir else None
-
     def get_checkpoint(self) -> Any:
         """The latest checkpoint as an ``sgd.Checkpoint`` (see ``sgd.get_checkpoint``)."""
 
@@ -475,28 +357,8 @@ class Session:
         if files is None:
             return Checkpoint.from_dict(state)
         if self._materialized is None:
-            import tempfile
-
-            self._materialized = tempfile.mkdtemp(prefix="sgd_checkpoint_")
-            write_files(files, Path(self._materialized))
+            self._materialized = materialize(files)
         return Checkpoint.from_directory(self._materialized)
-
-    def _write_direct(self, state: Dict[str, Any]) -> Optional[DirectCheckpoint]:
-        """Write rank 0's checkpoint straight to the (local) checkpoint folder; ``None``
-        if that fails, so the state goes to the driver instead, which reports the error."""
-        import shutil
-        import uuid
-
-
-        assert self._direct_write is not None
-        target = os.path.join(self._direct_write.directory, f".tmp_direct_{uuid.uuid4().hex[:12]}")
-        try:
-            write_dict_dir(self._encode(dict(state)), Path(target), self._direct_write.codec)
-        except OSError:
-            shutil.rmtree(target, ignore_errors=True)
-            return None
-        attr = self._direct_write.score_attribute
-        return DirectCheckpoint(target, {attr: state[attr]} if attr in state else {})
 
     # --- called by the driver through the actor -------------------------------
 
@@ -555,13 +417,6 @@ class Session:
         return not self._thread.is_alive()
 
 
-def read_files(directory: str) -> Dict[str, bytes]:
-    """Every file under ``directory`` by relative path (sgd's metadata file left out)."""
-
-    root = Path(directory)
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and p.name != METADATA_FILE}
-
 
 _node_ip_cache: Optional[str] = None
 _HOSTNAME = socket.gethostname()
@@ -575,26 +430,6 @@ def _node_ip() -> str:
         _node_ip_cache = ray.util.get_node_ip_address()
     return _node_ip_cache
 
-
-@dataclass(frozen=True)
-class PreemptionInfo:
-    """A host of this training job is going away (``sgd.get_preemption_info()``).
-
-    Ray marked the host as draining (``ray drain-node``, a cloud preemption notice, KubeRay's
-    scale-down). sgd moves the workers off it at the next checkpoint (or, when none comes, a
-    few seconds before the deadline, from the latest one), without counting a failure.
-    """
-
-    #: when the host will be gone (``time.time()`` seconds; ``math.inf`` when the notice gave no deadline).
-    deadline: float
-    #: the draining host's address and Ray node id.
-    node_ip: str
-    node_id: str
-
-    @property
-    def seconds_left(self) -> float:
-        """Seconds until the deadline (never below 0)."""
-        return max(0.0, self.deadline - time.time())
 
 
 class WorkerState:

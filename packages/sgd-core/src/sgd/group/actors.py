@@ -10,6 +10,9 @@ about it is the run controller's (:mod:`sgd.run.controller`) decision.
 What a group can keep across runs it makes once: the file server on the driver's host that
 workers elsewhere write the run directory through is started by the first run that needs it
 and stopped with the group.
+
+How the group is placed is :mod:`sgd.group.placing`'s job; growing and re-forming it in place
+while a run goes on, :mod:`sgd.group.in_place`'s.
 """
 
 from __future__ import annotations
@@ -17,31 +20,30 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Callable, Dict, List, Optional, Set
+from typing import Any, Callable, Dict, List, Optional
 
 import ray
-from ray.util.placement_group import remove_placement_group
 
 from sgd._common.nodes import NODE_CHECK_INTERVAL_S, NodeInfo, NodeWatch
 from sgd._common.protocol import DirectWrite
-from sgd._common.scaling import fitting_workers
 from sgd._worker.session import DEFAULT_MAX_PENDING
 from sgd.backend import Backend, BackendConfig
 from sgd.group.deaths import deaths_as_errors, idle_survivors
 from sgd.group.hosts import announce_drain, read_health
+from sgd.group.in_place import _InPlace
 from sgd.group.inputs import RunInputs
+from sgd.group.placing import ELASTIC_ATTEMPT_S as ELASTIC_ATTEMPT_S
+from sgd.group.placing import _Placing
 from sgd.group.protocol import RunRequest
-from sgd.group.reform import reform_in_place
 from sgd.group.rounds import RoundCollector
-from sgd.group.status import HEALTHY, Barrier, Health, Poll
+from sgd.group.status import HEALTHY, Health, Poll
 from sgd.plugins import get_plugin_manager, run_backend_teardown
-from sgd.utils import ensure_ray
-from sgd.worker_group import ResourcesUnavailableError, WorkerGroup, placement_timeout_s
+from sgd.worker_group import WorkerGroup
 
 logger = logging.getLogger("sgd")
 
 
-class ActorGroup:
+class ActorGroup(_Placing, _InPlace):
     """A group of Ray actors with one backend: the run controller's worker group
     (:class:`sgd.group.protocol.RunGroup`).
 
@@ -107,10 +109,6 @@ class ActorGroup:
     def needs_restart(self) -> bool:
         return self._dirty and self.worker_group is not None
 
-    def _size(self, room: int) -> int:
-        """The size to (re)start with when ``room`` workers fit, within [min, max]."""
-        return max(self.min_workers, min(self.max_workers, room))
-
     def _hook_kwargs(self) -> Dict[str, Any]:
         return {"worker_group": self.worker_group, "backend_config": self.backend_config, "backend": self.backend}
 
@@ -149,60 +147,6 @@ class ActorGroup:
         wg.backend = self.backend
         wg.add_shutdown_hook(self._teardown)
         return None
-
-    def _new_worker_group(self, restarting: bool = False, count: Optional[int] = None) -> WorkerGroup:
-        """Place a new group: ``num_workers`` of them, or for an elastic group as many as fit
-        now (at least ``min_workers``), off the hosts found lost or draining.
-
-        :param restarting: after a failure: wait up to the placement timeout even where the
-            cluster lacks the resources now (a lost host may come back, an autoscaler may add one).
-        :param count: for an elastic group, how many fit, counted before the group being
-            replaced released its resources (:meth:`room`).
-        """
-        avoid = self.nodes.avoid() if (restarting or self.min_workers != self.max_workers) else set()
-        timeout = self.placement_timeout_s
-        if timeout is None and restarting:
-            timeout = placement_timeout_s()
-        if self.min_workers == self.max_workers:
-            return self._make_group(self.num_workers, avoid, timeout)
-        ensure_ray()
-        deadline = time.monotonic() + (timeout if timeout is not None else placement_timeout_s())
-        while True:
-            if count is None:
-                count = fitting_workers(self.resources_per_worker, None, avoid)
-            self.num_workers = self._size(count)
-            logger.info("elastic: starting %d workers (min %d, max %d)", self.num_workers,
-                        self.min_workers, self.max_workers)
-            left = max(0.0, deadline - time.monotonic())
-            # More than min may not fit after all (resources Ray still reported free a moment
-            # ago): try for a few seconds, then count again. At min there is nothing smaller.
-            attempt = left if self.num_workers == self.min_workers else min(left, ELASTIC_ATTEMPT_S)
-            try:
-                return self._make_group(self.num_workers, avoid, attempt)
-            except ResourcesUnavailableError:
-                if time.monotonic() >= deadline or self.num_workers == self.min_workers:
-                    raise
-                count, avoid = None, self.nodes.avoid()
-
-    def _make_group(self, num_workers: int, avoid: Set[str], timeout: Optional[float]) -> WorkerGroup:
-        res = dict(self.resources_per_worker)
-        cpus = res.pop("CPU", 0)
-        gpus = res.pop("GPU", 0)
-        actor_cls, actor_cls_args, actor_cls_kwargs = self._actor_cls
-        assert self.backend is not None
-        return WorkerGroup(
-            num_workers=num_workers,
-            num_cpus_per_worker=cpus,
-            num_gpus_per_worker=gpus,
-            additional_resources_per_worker=res,
-            actor_cls=actor_cls,
-            actor_cls_args=actor_cls_args,
-            actor_cls_kwargs=actor_cls_kwargs,
-            preload_modules=tuple(self.backend.preload_modules),
-            placement_strategy=self.placement_strategy,
-            placement_timeout_s=timeout,
-            avoid_nodes=avoid,
-        )
 
     def _setup(self, new: Optional[List[int]] = None) -> None:
         """The initialization hook (on the workers at indices ``new``, or on all) and the
@@ -289,22 +233,6 @@ class ActorGroup:
         self._setup(replaced)
         logger.info("restart: %.2fs to stop the runs and place the new workers, %.2fs to set the backend up",
                     placed - begun, time.monotonic() - placed)
-
-    def room(self, nodes: Optional[Dict[str, NodeInfo]] = None) -> int:
-        """How many workers the group could have now if it were placed anew: the workers of
-        ours that run on hosts that stay count as free; lost and draining hosts are left out.
-
-        :param nodes: the cluster's nodes as just read (:func:`~sgd._common.nodes.cluster_nodes`).
-        """
-        wg = self.worker_group
-        avoid = self.nodes.avoid(nodes)
-        ours: Dict[str, int] = {}
-        for meta in wg.metadata if wg is not None else []:
-            if meta.node_id not in avoid:
-                ours[meta.node_id] = ours.get(meta.node_id, 0) + 1
-        # The reservations of workers a re-formed group left (sgd.elastic): room of its own.
-        spare = len(wg.usable_spare()) if wg is not None and wg._spare else 0
-        return fitting_workers(self.resources_per_worker, ours, avoid) + spare
 
     def _replace_failed(self, wg: WorkerGroup) -> Optional[List[int]]:
         """Replace the workers of a fixed-size group after a failure: only the ones that died
@@ -407,57 +335,6 @@ class ActorGroup:
             ))
         return refs
 
-    # --- in-place recovery (sgd.elastic) -------------------------------------------------------
-
-    @property
-    def recovers_in_place(self) -> bool:
-        """Whether the current run announced ``sgd.elastic.run`` (a loss, or growth, re-forms
-        the group in place)."""
-        return self._rounds is not None and self._rounds.elastic and self._reforms
-
-    def grow(self, count: int) -> Optional[BaseException]:
-        """Start ``count`` more workers for the current in-place run, while it goes on; they
-        join at its next reset, which is asked for now (the runs come to the barrier at their
-        next commit or report). The failure to place or start them, or ``None``."""
-        wg = self.worker_group
-        assert wg is not None and self._rounds is not None
-        if self._joining is not None:
-            return None
-        timeout = wg._placement_timeout_s
-        wg._avoid_nodes = frozenset(self.nodes.avoid())
-        wg._placement_timeout_s = ELASTIC_ATTEMPT_S  # there was room a moment ago; else try again later
-        try:
-            with deaths_as_errors(None, "starting workers to grow the group"):
-                slots = wg._slots_for(count)
-                try:
-                    actors, metadata = wg._launch(slots)
-                    if self._initialization_hook is not None:
-                        ray.get([a._sgd_execute.remote(self._initialization_hook, (), {}) for a in actors])
-                except BaseException:
-                    self._drop_slots(slots)
-                    raise
-        except Exception as exc:
-            return exc
-        finally:
-            wg._placement_timeout_s = timeout
-        self._joining = (slots, actors, metadata)
-        logger.info("elastic: %d new worker(s) started; they join at the run's next commit", count)
-        self._rounds.request_reset()
-        return None
-
-    def reform(self, barrier: Barrier, iteration: int) -> Optional[BaseException]:
-        """Re-form the group in place around the workers waiting at ``barrier``: leave out the
-        ones gone, add new ones where the group needs them (a fixed size, or below its min),
-        set the backend up on the new group, and let the runs go on (new workers join them).
-        ``iteration``: the reports delivered so far. The failure to do so, or ``None``."""
-        try:
-            with deaths_as_errors(self.worker_group, "re-forming the group"):
-                reform_in_place(self, barrier, iteration)
-        except Exception as exc:
-            self._rounds = None
-            return exc
-        return None
-
     def poll(self, timeout_s: float) -> Poll:
         """The run's next round, its end, a failure, or idle after ``timeout_s``."""
         if self._rounds is None:
@@ -484,29 +361,6 @@ class ActorGroup:
     def decode_checkpoint(self, state: Any) -> Any:
         assert self.backend is not None
         return self.backend.decode_checkpoint(state)
-
-    def _end_rounds(self) -> None:
-        self._rounds = None
-        if self._joining is not None and self.worker_group is not None:
-            # Started to grow a run that ended first: not part of the group.
-            slots, actors, _ = self._joining
-            for a in actors:
-                ray.kill(a, no_restart=True)
-            self._drop_slots(slots)
-        self._joining = None
-
-    def _drop_slots(self, slots: List[Any]) -> None:
-        """Slots taken for workers that will not join: spare ones go back, new reservations go."""
-        wg = self.worker_group
-        assert wg is not None
-        in_use = {id(pg) for pg, _ in wg._slots}
-        for slot in slots:
-            if id(slot[0]) in in_use:
-                wg._spare.append(slot)
-        for pg in {id(s[0]): s[0] for s in slots if id(s[0]) not in in_use and s[0] in wg._own_pgs}.values():
-            wg._own_pgs.remove(pg)
-            remove_placement_group(pg)
-        self._health, self._next_health_check = HEALTHY, 0.0
 
     def end(self, ok: bool, error: Optional[BaseException] = None) -> None:
         """Close a run: on success just forget it; on failure stop every worker at once."""
@@ -562,9 +416,6 @@ BackendExecutor = ActorGroup
 #: sent by reference (below it, inline in each call is cheaper).
 PUT_CODE_FROM = 4
 
-#: An elastic placement of more than ``min_workers`` that is not ready within this many seconds
-#: is given up and the workers counted again (the count came from a moment-old resource view).
-ELASTIC_ATTEMPT_S = float(os.environ.get("SGD_ELASTIC_ATTEMPT_S", "5"))
 
 #: After a worker died, how long the others get to end their run (they are asked to stop at
 #: their next report; one whose collective lost its peer fails at once) before they are

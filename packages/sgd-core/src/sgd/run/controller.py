@@ -19,6 +19,9 @@ counter) for any failure at any phase, the :class:`ScalingPolicy` for draining h
 elastic growth. Each state is an object that carries its data (the failure being retried,
 the resize decided). Only the API's edge (:meth:`ActiveRun.next`, :meth:`RunController.start`)
 raises, for the user.
+
+What a run needs is a :class:`~sgd.run.spec.RunSpec`; starting its functions and recovering
+from a failure is :mod:`sgd.run.recovery`'s part of :class:`ActiveRun`.
 """
 
 from __future__ import annotations
@@ -27,23 +30,18 @@ import logging
 import math
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from sgd._common.nodes import NodeInfo
-from sgd._common.protocol import DirectWrite
-from sgd._internal.run_dir import RunDirectory
-from sgd.callbacks import TrainingCallback
-from sgd.checkpoint import SHARDED_KEY, CheckpointStrategy
-from sgd.checkpoint.manager import CheckpointManager
-from sgd.data import DatasetConfig
-from sgd.errors import ResourcesUnavailableError, TrainingFailedError
-from sgd.group.protocol import RunGroup, RunRequest
-from sgd.group.status import Barrier, Poll, PollKind
+from sgd.checkpoint import SHARDED_KEY
+from sgd.group.protocol import RunGroup
+from sgd.group.status import Poll, PollKind
 from sgd.run.delivery import Delivery
 from sgd.run.health import STACKS_CHECK_INTERVAL_S, answer_stacks_request, hang_error
 from sgd.run.policies import ClusterView, Failure, FailurePolicy, Raise, Resize, ScalingPolicy, Wait
+from sgd.run.recovery import _Recovery
+from sgd.run.spec import RunSpec, new_run_spec
 from sgd.run.states import (
     _ENDED,
     Ended,
@@ -66,41 +64,6 @@ GROW_CHECK_INTERVAL_S = float(os.environ.get("SGD_ELASTIC_GROW_CHECK_S", "5"))
 #: The controller polls the group in slices this long (seconds): between them it reads the
 #: hosts' health, the hang watchdog and ``sgd stacks`` requests, and a signal (Ctrl-C) gets through.
 POLL_SLICE_S = 1.0
-
-
-@dataclass
-class RunSpec:
-    """Everything one run needs, prepared by :meth:`sgd.Trainer.run_iterator`."""
-
-    train_func: Callable[[], Any]
-    config: Dict[str, Any]
-    callbacks: List[TrainingCallback]
-    checkpoint: Optional[dict]
-    dataset: Any
-    dataset_config: Optional[Dict[str, DatasetConfig]]
-    run_dir: RunDirectory
-    manager: CheckpointManager
-    #: worker deaths this run recovers from (``-1``: unlimited): the trainer's ``max_retries``
-    #: when the run begins (it may change between runs).
-    max_retries: int
-    #: what ``sgd.get_context()`` tells the workers about this run (experiment, trial...).
-    worker_run_info: Dict[str, Optional[str]] = field(default_factory=dict)
-    #: given to ``sgd_handle_result`` with every round.
-    run_info: Dict[str, Any] = field(default_factory=dict)
-
-
-def new_run_spec(run_dir: Path, train_func: Callable[[], Any], manager: Optional[CheckpointManager] = None,
-                 max_retries: int = 0, **fields: Any) -> RunSpec:
-    """A :class:`RunSpec` whose run directory is made at ``run_dir`` (a folder of its own), and
-    whose checkpoints go to its ``checkpoints/`` through ``manager`` (default: every checkpoint
-    kept, the ``pickle`` codec). ``fields``: the spec's other fields (``config``, ``callbacks``,
-    ``checkpoint``, ``dataset``...). For tests and embedders that drive a controller themselves."""
-    directory = RunDirectory.create(Path(run_dir))
-    if manager is None:
-        manager = CheckpointManager(directory.checkpoint_dir, CheckpointStrategy(), "pickle")
-    values: Dict[str, Any] = dict(config={}, callbacks=[], checkpoint=None, dataset=None, dataset_config=None)
-    values.update(fields)
-    return RunSpec(train_func=train_func, run_dir=directory, manager=manager, max_retries=max_retries, **values)
 
 
 class RunController:
@@ -170,12 +133,12 @@ class RunController:
         self.group.shutdown()
 
 
-class ActiveRun:
+class ActiveRun(_Recovery):
     """One run on a controller's group: rounds in, results out, failures decided."""
 
     def __init__(self, controller: RunController, spec: RunSpec):
         self._group = controller.group
-        self._controller = controller
+        self._controller: RunController = controller
         self._spec = spec
         self._manager = spec.manager
         self._hook = controller.group.hook
@@ -224,86 +187,6 @@ class ActiveRun:
             return
         self.transitions.append(state.kind)
         self.history.append(state)
-
-    # --- starting and recovering -----------------------------------------------------------
-
-    def _launch(self, checkpoint: Optional[dict], start_iteration: int) -> Optional[BaseException]:
-        """Start the training functions (replacing the group first when its last run did not
-        end cleanly); the failure to, or ``None``."""
-        group, spec = self._group, self._spec
-        if group.needs_restart:
-            error = group.restart(None)
-            if error is not None:
-                return error
-        direct = None
-        if self._manager.strategy.num_to_keep != 0:
-            # Rank 0 writes checkpoints itself when it shares the driver's disk (the group knows).
-            direct = DirectWrite(str(self._manager.checkpoint_dir), self._manager.codec,
-                                 self._manager.strategy.checkpoint_score_attribute)
-        self._delivery.restarted(start_iteration)
-        self._drain, self._drain_waits_logged = None, False
-        return group.begin(RunRequest(
-            train_func=spec.train_func, checkpoint=checkpoint, dataset=spec.dataset,
-            dataset_config=spec.dataset_config, start_iteration=start_iteration, direct_write=direct,
-            run_info=dict(spec.worker_run_info), writable=[str(spec.run_dir.path)], readable=self._readable,
-        ))
-
-    def _fail(self, error: BaseException, phase: str) -> None:
-        """Ask the failure policy; the next state is its decision: Restarting or Failing."""
-        failure = Failure(error, phase)
-        decision = self._controller.failures.decide(failure)
-        if isinstance(decision, Raise):
-            self._to(Failing(decision.error))
-        else:
-            self._to(Restarting(failure, decision.attempt))
-
-    def _reset(self, barrier: Barrier) -> None:
-        """Every worker left waits at the reset barrier (sgd.elastic): after a loss the failure
-        policy decides (an in-place recovery counts against ``max_retries``); a sync re-forms
-        at once."""
-        failure = barrier.failure
-        if failure is None:
-            self._to(Reforming(barrier, 0))
-            return
-        decision = self._controller.failures.decide(Failure(failure, "training"))
-        if isinstance(decision, Raise):
-            self._to(Failing(decision.error))
-        else:
-            self._to(Reforming(barrier, decision.attempt))
-
-    def _recover(self, error: Optional[BaseException], resize: Optional[Resize] = None) -> None:
-        """Replace the group (after ``error``, or placed anew by ``resize``) and start the run
-        again from the latest checkpoint; a failure on the way is decided like any other."""
-        if (getattr(error, "lost_every_worker", False) and self._spec.checkpoint is None
-                and self._manager.restorable() is None):
-            # A run that recovers in place (sgd.elastic) keeps its state in the workers' memory:
-            # with all of them gone and no checkpoint, starting over would silently lose it all.
-            given_up = TrainingFailedError(
-                f"{error}; the run kept its state in the workers' memory (sgd.elastic) and saved no checkpoint "
-                "to restart from. Report a checkpoint from time to time (sgd.report(metrics, checkpoint=...)) so "
-                "that losing every worker at once resumes from it.")
-            given_up.__cause__ = error
-            self._to(Failing(given_up))
-            return
-        failed = self._group.restart(error, size=resize.num_workers if resize is not None else None,
-                                     move=resize is not None)
-        if isinstance(failed, ResourcesUnavailableError):
-            wrapped = ResourcesUnavailableError(
-                f"{failed} Every result and checkpoint reported so far is kept in {self._spec.run_dir.path}; "
-                "resume it with sgd.Trainer.restore(run_dir) once the cluster has room.")
-            wrapped.__cause__ = failed
-            failed = wrapped
-        if failed is None:
-            self._manager.remove_temporary()  # the old workers are gone, mid-write or not
-            state = self._manager.restorable()
-            if state is not None:
-                failed = self._launch(state, self._manager.latest_iteration)
-            else:
-                failed = self._launch(self._spec.checkpoint, 0)
-        if failed is not None:
-            self._fail(failed, "restarting")
-        else:
-            self._to(Running())
 
     # --- between rounds: hosts, hangs, room to grow -------------------------------------------
 

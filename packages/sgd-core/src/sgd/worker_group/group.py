@@ -1,42 +1,33 @@
-"""``WorkerGroup``: N Ray actors in one placement group, in rank order.
+"""``WorkerGroup``: N Ray actors in one placement group, in rank order; started, resized, stopped.
 
-The class-level API that embedding libraries (Ludwig and the like) use
-directly, and what :class:`sgd.Trainer` runs training functions on.
+Where the actors run is :mod:`sgd.worker_group.reservation`'s job, running code on them
+:mod:`sgd.worker_group.calls`'s, their ranks :mod:`sgd.worker_group.ranks`'s.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, Iterator, List, Optional, Tuple, Union
 
 import ray
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from sgd._common.nodes import avoid_selector
-
-# Placement's names are re-exported here, where code importing them has found them so far.
-from sgd._common.placement import (  # noqa: F401
-    PLACEMENT_STRATEGIES,
-    capacity_summary,
-    infeasible_timeout_s,
-    placement_timeout_s,
-    wait_for_placement,
-)
+from sgd._common.placement import PLACEMENT_STRATEGIES, placement_timeout_s
+from sgd._common.public import public_module
 from sgd._common.waits import wait
+from sgd._worker.actor import WorkerMetadata, remote_worker_class
 from sgd._worker.session import WorkerContext
 from sgd.errors import ResourcesUnavailableError
 from sgd.utils import ensure_ray
+from sgd.worker_group.calls import _Calls
+from sgd.worker_group.ranks import contexts_in_order, rank_order
+from sgd.worker_group.reservation import _Reservation
 
 if TYPE_CHECKING:
     from sgd.backend import Backend
-from sgd._worker.actor import WorkerMetadata, remote_worker_class
 
 logger = logging.getLogger("sgd")
-
-#: After one worker's call in :meth:`WorkerGroup.execute` failed, how long the others may go on.
-EXECUTE_ERROR_GRACE_S = 5.0
 
 
 def _check_count(value: Any, name: str) -> None:
@@ -44,7 +35,8 @@ def _check_count(value: Any, name: str) -> None:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
-class WorkerGroup:
+@public_module("sgd.worker_group")
+class WorkerGroup(_Reservation, _Calls):
     """A group of Ray actors, one per worker, indexed by world rank.
 
     :param num_workers: how many actors (> 0); 1 by default, as in Ray Train.
@@ -146,21 +138,9 @@ class WorkerGroup:
     # --- lifecycle ----------------------------------------------------------
 
     @property
-    def bundle(self) -> Dict[str, float]:
-        """The Ray resources one worker reserves."""
-        bundle = {"CPU": self.num_cpus_per_worker, "GPU": self.num_gpus_per_worker}
-        bundle.update(self.additional_resources_per_worker)
-        return {k: v for k, v in bundle.items() if v > 0}
-
-    @property
     def is_running(self) -> bool:
         """Whether the actors are up."""
         return bool(self.workers)
-
-    @property
-    def placement_group(self) -> Optional[PlacementGroup]:
-        """The placement group the workers run in (the first one, if :meth:`add_workers` made more)."""
-        return self._slots[0][0] if self._slots else None
 
     def start(self) -> None:
         """Reserve the resources and start the actors.
@@ -183,57 +163,6 @@ class WorkerGroup:
             self.workers = []
             self._release()
             raise
-
-    def _reserve(self, count: int, first: bool, node_id: Optional[str] = None) -> List[Tuple[PlacementGroup, int]]:
-        """Slots for ``count`` more workers: in the caller's placement group, the enclosing one
-        (a Ray Tune trial's), or a new one of ``count`` bundles that this group owns (on
-        ``node_id`` when given)."""
-        if node_id is not None:
-            return self._reserve_on_node(count, node_id)
-        if self._given_pg is not None:
-            self._wait_for_placement(self._given_pg, self.bundle, count, owned=False)
-            return [(self._given_pg, -1)] * count  # any bundle with room, as in Ray Train
-        current = ray.util.get_current_placement_group()
-        if current is not None:
-            # Running inside a reservation made for us (a Ray Tune trial asks for one bundle
-            # for its own driver, then one per worker): use its last bundles, never nest.
-            specs = current.bundle_specs
-            if first:
-                if len(specs) < count:
-                    raise ValueError(
-                        f"the enclosing placement group has {len(specs)} bundles; {count} workers "
-                        "need one each"
-                    )
-                offset = len(specs) - count
-                return [(current, offset + i) for i in range(count)]
-            return [(current, -1)] * count
-        selector = avoid_selector(self._avoid_nodes)
-        pg = placement_group([dict(self.bundle) for _ in range(count)], strategy=self.placement_strategy,
-                             bundle_label_selector=[dict(selector) for _ in range(count)] if selector else None)
-        self._own_pgs.append(pg)
-        self._wait_for_placement(pg, self.bundle, count, owned=True)
-        return [(pg, i) for i in range(count)]
-
-    def _reserve_on_node(self, count: int, node_id: str) -> List[Tuple[PlacementGroup, int]]:
-        if self._given_pg is not None or ray.util.get_current_placement_group() is not None:
-            raise ValueError(
-                f"node_id={node_id!r} cannot be honoured inside a placement group that is not this group's own "
-                "(placement_group= or an enclosing one, such as a Ray Tune trial's); leave node_id out there"
-            )
-        alive = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
-        if node_id not in alive:
-            raise ValueError(
-                f"node_id={node_id!r} is not an alive Ray node; alive nodes: {alive} (ray.nodes()[i]['NodeID'])"
-            )
-        # Ray gives every node the label ray.io/node-id: a hard pin, unlike _soft_target_node_id.
-        pg = placement_group([dict(self.bundle) for _ in range(count)], strategy="PACK",
-                             bundle_label_selector=[{"ray.io/node-id": node_id}] * count)
-        self._own_pgs.append(pg)
-        self._wait_for_placement(pg, self.bundle, count, owned=True)
-        return [(pg, i) for i in range(count)]
-
-    def _wait_for_placement(self, pg: PlacementGroup, bundle: Dict[str, float], count: int, owned: bool) -> None:
-        wait_for_placement(pg, bundle, count, owned, self._avoid_nodes, self._placement_timeout_s)
 
     def _launch(self, slots: List[Tuple[PlacementGroup, int]]) -> Tuple[List[Any], List[WorkerMetadata]]:
         """Start one actor per slot and wait for each to report where it runs."""
@@ -333,43 +262,6 @@ class WorkerGroup:
             raise ValueError("remove_workers would leave no worker; call shutdown() instead")
         self._remove(indexes)
 
-    def _slots_for(self, count: int, node_id: Optional[str] = None) -> List[Tuple[PlacementGroup, int]]:
-        """Slots for ``count`` more workers: usable spare ones first (:meth:`usable_spare`), then
-        a new reservation."""
-        spare = self.usable_spare()[:count] if node_id is None else []
-        for slot in spare:
-            self._spare.remove(slot)
-        if len(spare) == count:
-            return spare
-        try:
-            return spare + self._reserve(count - len(spare), first=False, node_id=node_id)
-        except BaseException:
-            self._spare += spare
-            raise
-
-    def usable_spare(self) -> List[Tuple[PlacementGroup, int]]:
-        """The spare slots (of workers removed with their reservation kept) whose bundle is
-        placed now on a live node this group does not avoid (one lost with its host is placed
-        again by Ray once a node has room)."""
-        if not self._spare:
-            return []
-        from ray.util import placement_group_table
-
-        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")} - set(self._avoid_nodes)
-        usable = []
-        tables: Dict[str, Any] = {}
-        for pg, index in self._spare:
-            key = pg.id.hex()
-            if key not in tables:
-                try:
-                    tables[key] = placement_group_table(pg)
-                except Exception:
-                    tables[key] = {}
-            node = tables[key].get("bundles_to_node_id", {}).get(index)
-            if tables[key].get("state") == "CREATED" and node in alive:
-                usable.append((pg, index))
-        return usable
-
     def _remove(self, indexes: List[int], keep_slots: bool = False) -> None:
         """:meth:`remove_workers` without its checks (a group re-forming in place, sgd.elastic);
         ``keep_slots``: keep their reservation for workers added later."""
@@ -385,17 +277,6 @@ class WorkerGroup:
         self._release_unused()
         self._set_order([self.workers[i] for i in keep], [self.metadata[i] for i in keep])
 
-    def _release_unused(self) -> None:
-        """Remove the placement groups this group reserved that no worker uses any more."""
-        used = {id(pg) for pg, _ in self._slots + self._spare}
-        unused = [pg for pg in self._own_pgs if id(pg) not in used]
-        self._own_pgs = [pg for pg in self._own_pgs if id(pg) in used]
-        for pg in unused:
-            try:
-                remove_placement_group(pg)
-            except Exception:  # the cluster may already be gone
-                logger.debug("could not remove placement group", exc_info=True)
-
     def _check_resizable(self, what: str) -> None:
         self._check_running()
         if self.backend is not None:
@@ -406,17 +287,7 @@ class WorkerGroup:
 
     def _set_order(self, actors: List[Any], metadata: List[WorkerMetadata]) -> None:
         """Contexts for workers kept in this exact index order (ranks follow the indices)."""
-        nodes: Dict[str, int] = {}
-        per_node: Dict[str, int] = {}
-        for m in metadata:
-            nodes.setdefault(m.node_id, len(nodes))
-            per_node[m.node_id] = per_node.get(m.node_id, 0) + 1
-        seen: Dict[str, int] = {}
-        contexts = []
-        for i, m in enumerate(metadata):
-            contexts.append(WorkerContext(world_rank=i, local_rank=seen.get(m.node_id, 0), world_size=len(actors),
-                                          node_rank=nodes[m.node_id], local_world_size=per_node[m.node_id]))
-            seen[m.node_id] = seen.get(m.node_id, 0) + 1
+        contexts = contexts_in_order(metadata)
         self.workers, self.metadata, self.contexts = list(actors), list(metadata), contexts
         self.num_workers = len(actors)
         for ref in [w._sgd_set_context.remote(c) for w, c in zip(self.workers, contexts)]:
@@ -428,26 +299,7 @@ class WorkerGroup:
                 logger.debug("worker died before its context was updated", exc_info=True)
 
     def _assign_ranks(self, actors: List[Any], metadata: List[WorkerMetadata]) -> None:
-        driver_node = ray.get_runtime_context().get_node_id()
-        by_node: OrderedDict[str, List[int]] = OrderedDict()
-        if any(m.node_id == driver_node for m in metadata):
-            by_node[driver_node] = []
-        for i, m in enumerate(metadata):
-            by_node.setdefault(m.node_id, []).append(i)
-        order: List[int] = []
-        contexts: List[WorkerContext] = []
-        for node_rank, indices in enumerate(by_node.values()):
-            for local_rank, i in enumerate(indices):
-                order.append(i)
-                contexts.append(
-                    WorkerContext(
-                        world_rank=len(contexts),
-                        local_rank=local_rank,
-                        world_size=len(actors),
-                        node_rank=node_rank,
-                        local_world_size=len(indices),
-                    )
-                )
+        order, contexts = rank_order(metadata, ray.get_runtime_context().get_node_id())
         self.workers = [actors[i] for i in order]
         self.metadata = [metadata[i] for i in order]
         self._slots = [self._slots[i] for i in order]
@@ -515,120 +367,9 @@ class WorkerGroup:
         self.stop_actors(patience_s=0)
         self._start_actors()
 
-    def _release(self) -> None:
-        # Only our own reservations: the caller's or an enclosing one is theirs to remove.
-        pgs, self._own_pgs, self._slots, self._spare = self._own_pgs, [], [], []
-        for pg in pgs:
-            try:
-                remove_placement_group(pg)
-            except Exception:  # the cluster may already be gone
-                logger.debug("could not remove placement group", exc_info=True)
-
     def add_shutdown_hook(self, hook: Callable[[WorkerGroup], None]) -> None:
         """Run ``hook(group)`` at the start of :meth:`shutdown`, while the actors are alive."""
         self._shutdown_hooks.append(hook)
-
-    # --- running code -----------------------------------------------------------
-
-    def _check_running(self) -> None:
-        if not self.workers:
-            raise RuntimeError("this WorkerGroup is shut down; call start() first")
-
-    def _send_preload(self, actor: Any, modules: Tuple[str, ...]) -> None:
-        actor._sgd_preload.remote(tuple(modules))
-        self._preloads[actor._actor_id] = self._preloads.get(actor._actor_id, 0) + 1
-
-    def user_code_for(self, index: int, code: Any, pickled: Optional[bytes] = None) -> Tuple[Any, int]:
-        """How to send ``code`` (a function) to worker ``index``: ``(code or its pickle, preloads)``.
-
-        While preloads were sent to that worker, the function travels pickled and the worker
-        unpickles it once they finished (``preloads`` is how many), so that unpickling never
-        races an import. For code that calls worker methods itself; :meth:`execute` does it.
-        """
-        n = self._preloads.get(self.workers[index]._actor_id, 0)
-        if not n:
-            return code, 0
-        if pickled is None:
-            import ray.cloudpickle as cloudpickle
-
-            pickled = cloudpickle.dumps(code)
-        return pickled, n
-
-    def stacks(self, timeout_s: float = 10.0, include_idle: bool = False) -> List[str]:
-        """The Python stack of every thread of every worker, in rank order (see
-        :meth:`sgd.Trainer.stacks`). A worker that does not answer within ``timeout_s`` (dead,
-        or its process frozen) gets a line that says so."""
-        self._check_running()
-        refs = [w._sgd_stacks.remote(include_idle) for w in self.workers]
-        ready, _ = wait(refs, timeout=timeout_s)
-        out = []
-        for rank, ref in enumerate(refs):
-            if ref not in ready:
-                out.append(f"=== rank {rank}: no answer within {timeout_s:g} s (its process is frozen or gone) ===\n")
-                continue
-            try:
-                out.append(ray.get(ref))
-            except Exception as exc:  # dead
-                out.append(f"=== rank {rank}: no stack ({type(exc).__name__}: {str(exc).splitlines()[0]}) ===\n")
-        return out
-
-    def execute_async(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> List[ray.ObjectRef]:
-        """Run ``fn(*args, **kwargs)`` on every worker; object refs in rank order."""
-        self._check_running()
-        refs, pickled = [], None
-        for i, w in enumerate(self.workers):
-            code, n = self.user_code_for(i, fn, pickled)
-            if n:
-                pickled = code
-            refs.append(w._sgd_execute.remote(code, args, kwargs, n))
-        return refs
-
-    def execute(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> List[Any]:
-        """Run ``fn(*args, **kwargs)`` on every worker; results in rank order."""
-        refs = self.execute_async(fn, *args, **kwargs)
-        pending = list(refs)
-        while pending:
-            ready, pending = wait(pending, num_returns=1)
-            try:
-                ray.get(ready)
-            except Exception:
-                # The other calls get a moment to end (so that each worker ran ``fn`` once
-                # whichever failed first), not forever: one may be blocked in a collective
-                # the failed worker will never join. Their results are read, so that Ray
-                # does not log their errors as "unhandled" later.
-                done = wait(pending, timeout=EXECUTE_ERROR_GRACE_S)[0]
-                for ref in done:
-                    try:
-                        ray.get(ref)
-                    except Exception:
-                        pass
-                raise
-        return ray.get(refs)
-
-    def execute_single_async(self, index: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> ray.ObjectRef:
-        """Run ``fn(*args, **kwargs)`` on worker ``index``; an object ref."""
-        self._check_running()
-        if not 0 <= index < len(self.workers):
-            raise IndexError(f"worker index {index} out of range for {len(self.workers)} workers")
-        code, n = self.user_code_for(index, fn)
-        return self.workers[index]._sgd_execute.remote(code, args, kwargs, n)
-
-    def execute_single(self, index: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Run ``fn(*args, **kwargs)`` on worker ``index`` and return its result."""
-        return ray.get(self.execute_single_async(index, fn, *args, **kwargs))
-
-    def preload(self, modules: Tuple[str, ...]) -> None:
-        """Start importing ``modules`` on every worker in the background and return at once.
-
-        The driver and the workers' control calls (placement, ranks) go on meanwhile; a
-        function sent later with :meth:`execute` (or a training function) is unpickled on each
-        worker only once the preloads sent before it finished, so that unpickling it never races
-        the import (which can leave a package half-imported). An import error is left for the
-        code that needs the module to report.
-        """
-        self._check_running()
-        for w in self.workers:
-            self._send_preload(w, tuple(modules))
 
     def __len__(self) -> int:
         return len(self.workers)
@@ -642,5 +383,3 @@ class WorkerGroup:
     def __repr__(self) -> str:
         state = "running" if self.workers else "stopped"
         return f"WorkerGroup(num_workers={self.num_workers}, bundle={self.bundle}, {state})"
-
-

@@ -1,0 +1,198 @@
+"""What the ``"torch"`` backend runs on the workers: the process group and a run's fresh state.
+
+Setting ``torch.distributed``'s process group up (or, when the training code creates it itself,
+watching it and building it again on a reset in place), recording the sockets it opens so that
+an interrupt can fail a collective blocked on a lost peer, destroying it, and giving every run
+the torch state a fresh process would have. Nothing here imports torch at module level.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from datetime import timedelta
+from typing import Any, Dict, Optional, Tuple
+
+from sgd.backend import on_worker_interrupt, on_worker_reset, on_worker_run_error
+
+
+def _set_env(env: Dict[str, str]) -> None:
+    os.environ.update(env)
+
+
+def _init_process_group(backend: str, init_method: str, rank: int, world_size: int, timeout_s: int,
+                        release_on_error: bool = False) -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    if backend == "nccl":
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    _recording_sockets(dist.init_process_group)(
+        backend=backend,
+        init_method=init_method,
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=timeout_s),
+    )
+    on_worker_interrupt(_interrupt_process_group)
+    if release_on_error:
+        on_worker_run_error(_destroy_process_group)
+
+
+#: (fd, "socket:[inode]") of each socket the current process group opened on this worker.
+_GROUP_SOCKETS: list = []
+
+
+def _recording_sockets(init: Any) -> Any:
+    """``init`` (``init_process_group``) that records the sockets the group opens (its store
+    and its connections to the peers): what an interrupt shuts (see _interrupt_process_group)."""
+    import functools
+
+    @functools.wraps(init)
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        before = _socket_inodes()
+        out = init(*args, **kwargs)
+        _GROUP_SOCKETS[:] = [(fd, link) for fd, link in _socket_inodes().items() if before.get(fd) != link]
+        return out
+
+    init_process_group._sgd_tracked = True  # type: ignore[attr-defined]
+    return init_process_group
+
+
+def _socket_inodes() -> Dict[int, str]:
+    out: Dict[int, str] = {}
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:  # not Linux: nothing to track; a blocked collective then ends at its timeout
+        return out
+    for fd in fds:
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:"):
+            out[int(fd)] = link
+    return out
+
+
+def _interrupt_process_group() -> None:
+    """Make a collective blocked on a lost peer fail now (sgd.elastic's interrupt), so the
+    worker comes to the reset barrier instead of waiting out ``timeout_s``.
+
+    gloo: shut down (not close: the group still owns them) the connections the group opened;
+    every pending and later operation on them fails at once, and so do the collectives of the
+    peers connected to this worker. Listening sockets are left alone (gloo's listener thread
+    aborts on one). Destroying the group is not enough: its connections close only once nothing
+    refers to it, and a DDP model or a failed step's frames do. NCCL: abort the communicators."""
+    import socket
+
+    if "torch" not in sys.modules:
+        return
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if dist.get_backend() == "nccl":
+        dist.distributed_c10d._abort_process_group()
+        return
+    for fd, link in list(_GROUP_SOCKETS):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") != link:
+                continue  # closed since, and the number reused
+            sock = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue
+        try:
+            if not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        finally:
+            sock.close()
+
+
+def _track_own_group(timeout_s: int) -> None:
+    """On a worker whose training code creates the process group itself: record the sockets
+    of the group it creates (so an interrupt can fail a blocked collective), and on a reset in
+    place build it again, with the same backend, from the environment the re-formed group got."""
+    import torch.distributed as dist
+
+    global _OWN_GROUP_TIMEOUT_S
+    _OWN_GROUP_TIMEOUT_S = timeout_s
+    if not getattr(dist.init_process_group, "_sgd_tracked", False):
+        dist.init_process_group = _recording_sockets(dist.init_process_group)
+    on_worker_interrupt(_interrupt_process_group)
+    on_worker_reset(_rebuild_own_group)
+
+
+_OWN_GROUP_TIMEOUT_S = 1800
+
+
+def _rebuild_own_group() -> None:
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return  # the code has not created one (yet): nothing to build again
+    backend = dist.get_backend()
+    dist.destroy_process_group()
+    dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=_OWN_GROUP_TIMEOUT_S))
+
+
+#: torch's global switches as this worker process had them before its first run.
+_FRESH_STATE: Optional[Tuple[Any, bool, bool]] = None
+
+
+def _reset_run_state() -> None:
+    """Give every run on this worker what a fresh process would give it: torch's default
+    CPU random generator state (so unseeded model initialisation is the same as on new
+    workers), deterministic algorithms and cudnn.benchmark as they were. The first run on a
+    process records them; later runs (a re-run, the next Tune trial on reused workers)
+    restore them."""
+    global _FRESH_STATE
+    import torch
+
+    if _FRESH_STATE is None:
+        _FRESH_STATE = (torch.get_rng_state(), torch.are_deterministic_algorithms_enabled(),
+                        bool(torch.backends.cudnn.benchmark))
+        return
+    rng, deterministic, benchmark = _FRESH_STATE
+    torch.set_rng_state(rng)
+    if torch.are_deterministic_algorithms_enabled() != deterministic:
+        # Only when it changed: each call (torch 2.13) leaves references to the default
+        # process group behind, which then outlives destroy_process_group (its connections
+        # stay open: see _destroy_process_group).
+        torch.use_deterministic_algorithms(deterministic)
+    torch.backends.cudnn.benchmark = benchmark
+
+
+def _destroy_process_group() -> None:
+    """Also run, for gloo, when a training function raised (``on_worker_run_error``): the
+    group's connections close, so a peer blocked in a collective with this worker fails at
+    once instead of at the timeout, and the failure spreads through the group (a worker that
+    died closes its connections; a survivor next to it fails and closes its own...). The
+    survivors' runs end within milliseconds: they are kept (``keeps_survivors``).
+
+    The connections close only when nothing refers to the group any more. Calling
+    ``torch.use_deterministic_algorithms`` after the group exists leaves references behind
+    (torch 2.13); then a survivor that does not neighbour the dead worker in a collective
+    waits until it is replaced (``SGD_SURVIVOR_PATIENCE_S``)."""
+    if "torch" not in sys.modules:
+        return
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _start_run() -> bool:
+    """Before a run on a worker: reset torch's state (:func:`_reset_run_state`); whether the
+    process group sgd set up is still there (a failed run destroys it)."""
+    _reset_run_state()
+    import torch.distributed as dist
+
+    from sgd_torch.train_loop_utils import get_device
+
+    # Hugging Face Accelerate reads the device from here (Ray Train sets it too).
+    os.environ["ACCELERATE_TORCH_DEVICE"] = str(get_device())
+    return dist.is_available() and dist.is_initialized()
