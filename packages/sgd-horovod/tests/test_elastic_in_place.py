@@ -121,6 +121,8 @@ def test_an_elastic_group_goes_on_with_its_survivors_in_their_processes(ray_clus
 def test_a_fixed_size_group_replaces_the_lost_worker_and_ends_like_a_run_without_faults(ray_cluster):
     trainer = _trainer(3)
     try:
+        # Horovod stays initialised after this run: the next run's hvd.init() is a no-op, and the
+        # interrupt must still shut the connections of the context that run made.
         reference = trainer.run(_train, config={"steps": STEPS})
         kill = Kill(at=3, rank=1)
         out = trainer.run(_train, config={"steps": STEPS}, callbacks=[kill])
@@ -137,12 +139,13 @@ def test_a_fixed_size_group_replaces_the_lost_worker_and_ends_like_a_run_without
 
 
 def _until_grown(config):
-    """Steps until Horovod's size has been 3 for three steps (or the deadline)."""
+    """Steps until Horovod's size has been 3 for three steps (after it was 2, with
+    ``config["shrink_first"]``), or the deadline."""
     import horovod.torch as hvd
     import torch
 
     hvd.init()
-    state = hvd.elastic.TorchState(step=0, grown=0, total=0.0)
+    state = hvd.elastic.TorchState(step=0, grown=0, total=0.0, shrunk=not config.get("shrink_first"))
     deadline = time.monotonic() + config["timeout_s"]
 
     @hvd.elastic.run
@@ -150,7 +153,8 @@ def _until_grown(config):
         while state.grown < 3 and time.monotonic() < deadline:
             state.step += 1
             state.total += hvd.allreduce(torch.ones(1), op=hvd.Sum).item()
-            if hvd.size() == 3:
+            state.shrunk = state.shrunk or hvd.size() == 2
+            if hvd.size() == 3 and state.shrunk:
                 state.grown += 1
             state.commit()
             sgd.report(step=state.step, pid=os.getpid(), size=hvd.size(), total=state.total)
@@ -161,44 +165,35 @@ def _until_grown(config):
 
 
 def test_an_elastic_group_takes_in_new_workers_at_a_commit(ray_cluster, monkeypatch):
-    import ray
-
     from sgd.run import controller
-    from sgd_testing import wait_for
+    from sgd_testing import grow_during_run
 
     monkeypatch.setattr(controller, "GROW_CHECK_INTERVAL_S", 0.2)
+    rounds, totals = grow_during_run("horovod", _until_grown, {"timeout_s": 90})  # 2 workers, a 3rd at step 3
+    sizes = [r[0]["size"] for r in rounds]
+    assert sizes[0] == 2 and sizes[-1] == 3 and sizes == sorted(sizes), sizes
+    assert [r[0]["step"] for r in rounds] == list(range(1, len(rounds) + 1)), "no step lost or twice"
+    first = {r["pid"] for r in rounds[0]}
+    assert first < {r["pid"] for r in rounds[-1]}, "the two first workers kept their processes"
+    # Every step's allreduce counted each worker of its group once: the new worker synced the total.
+    assert totals == [sum(sizes)] * 3, (totals, sizes)
 
-    @ray.remote(num_cpus=2)
-    class Blocker:
-        def ready(self):
-            return True
 
-    wait_for(lambda: ray.available_resources().get("CPU", 0) >= 4, timeout=30)
-    blocker = Blocker.remote()
-    ray.get(blocker.ready.remote())  # 2 of the 4 CPUs taken: the group starts with 2 workers
+def test_a_group_that_lost_a_worker_grows_back_in_the_same_run(ray_cluster, monkeypatch):
+    from sgd.run import controller
 
-    class FreeRoom(sgd.TrainingCallback):
-        def __init__(self):
-            self.rounds = []
-
-        def handle_result(self, results, **info):
-            self.rounds.append(results)
-            if results[0]["step"] == 3:
-                ray.kill(blocker)
-
-    trainer = sgd.Trainer(backend="horovod", num_workers=(2, 3), max_retries=0)
-    trainer.start()
+    monkeypatch.setattr(controller, "GROW_CHECK_INTERVAL_S", 0.2)
+    trainer = _trainer((2, 3))
     try:
-        free = FreeRoom()
-        totals = trainer.run(_until_grown, config={"timeout_s": 90}, callbacks=[free])
+        kill = Kill(at=3, rank=2)
+        totals = trainer.run(_until_grown, config={"timeout_s": 90, "shrink_first": True}, callbacks=[kill])
     finally:
         trainer.shutdown()
-    sizes = [r[0]["size"] for r in free.rounds]
-    assert sizes[0] == 2 and sizes[-1] == 3 and sizes == sorted(sizes), sizes
-    assert [r[0]["step"] for r in free.rounds] == list(range(1, len(free.rounds) + 1)), "no step lost or twice"
-    first = {r["pid"] for r in free.rounds[0]}
-    assert first < {r["pid"] for r in free.rounds[-1]}, "the two first workers kept their processes"
-    # Every step's allreduce counted each worker of its group once: the new worker synced the total.
+    sizes = [r[0]["size"] for r in kill.rounds]
+    assert sizes[0] == 3 and 2 in sizes and sizes[-1] == 3, sizes
+    assert kill.steps() == list(range(1, len(kill.rounds) + 1)), "no step lost or twice"
+    survivors = kill.pids(0) - {kill.killed}
+    assert survivors < kill.pids(-1) and len(kill.pids(-1) - survivors) == 1, "two kept, one new"
     assert totals == [sum(sizes)] * 3, (totals, sizes)
 
 
