@@ -280,45 +280,17 @@ def _until_grown(config):
 
 
 def test_an_elastic_group_grows_in_place_when_room_returns(ray_cluster, monkeypatch):
-    import ray
-
     from sgd.run import controller
+    from sgd_testing import grow_during_run
 
     monkeypatch.setattr(controller, "GROW_CHECK_INTERVAL_S", 0.2)
-
-    @ray.remote(num_cpus=2)
-    class Blocker:
-        def ready(self):
-            return True
-
-    from sgd_testing import wait_for
-
-    wait_for(lambda: ray.available_resources().get("CPU", 0) >= 4, timeout=30)
-    blocker = Blocker.remote()
-    ray.get(blocker.ready.remote())  # 2 of the 4 CPUs taken: the group starts with 2 workers
-
-    class FreeRoom(sgd.TrainingCallback):
-        def __init__(self):
-            self.results = []
-
-        def handle_result(self, results, **info):
-            self.results.append(results)
-            if results[0]["step"] == 3:
-                ray.kill(blocker)
-
-    trainer = sgd.Trainer(backend="torch", num_workers=(2, 3), max_retries=0)
-    trainer.start()
-    try:
-        free = FreeRoom()
-        trainer.run(_until_grown, config={"timeout_s": 60}, callbacks=[free])
-    finally:
-        trainer.shutdown()
-    worlds = [r[0]["world"] for r in free.results]
+    rounds, _ = grow_during_run("torch", _until_grown, {"timeout_s": 60})  # 2 workers, room for a 3rd at step 3
+    worlds = [r[0]["world"] for r in rounds]
     assert worlds[0] == 2 and worlds[-1] == 3, worlds
     assert worlds == sorted(worlds), "grown once, never shrunk"
-    assert [r[0]["step"] for r in free.results] == list(range(1, len(free.results) + 1))
-    first = {r["pid"] for r in free.results[0]}
-    assert first < {r["pid"] for r in free.results[-1]}, "the two first workers kept their processes"
+    assert [r[0]["step"] for r in rounds] == list(range(1, len(rounds) + 1))
+    first = {r["pid"] for r in rounds[0]}
+    assert first < {r["pid"] for r in rounds[-1]}, "the two first workers kept their processes"
 
 
 def test_two_losses_in_a_row_leave_the_group_at_its_minimum(ray_cluster):

@@ -182,6 +182,28 @@ def _link() -> Optional[ResetLink]:
     return session.resets if session is not None else None
 
 
+def reset_link() -> Optional[ResetLink]:
+    """On a worker, inside a training function: the run's side of in-place recovery (the reset
+    barrier, the commit count that keys its reports, the driver's interrupt); ``None`` outside
+    a training function. For a framework whose own elastic loop stands in for :func:`run`
+    (sgd-horovod runs ``hvd.elastic.run`` on it). Such a loop:
+
+    - checks ``link.capable`` (the backend re-forms in place), then calls ``link.announce()``,
+      or ``link.join()`` when ``link.joined`` is set (a new worker of a re-formed group), and
+      sets ``link.state`` to a :class:`State` whose last commit a new worker may load (a plain
+      ``State()`` when the framework syncs new workers itself);
+    - calls ``link.committed()`` after each commit, and reads ``link.requested`` at its own
+      sync points (the driver wants the group to re-form: new workers wait to join);
+    - on a failure or a request, goes back to its last commit and waits in
+      ``link.barrier(reason, failed)``, which returns once the group re-formed (the backend set
+      up again, this worker's new place in ``sgd.world_rank()``...).
+
+    It leaves ``link.entered`` false: sgd's own ``commit()`` and ``sgd.report`` then never raise
+    :class:`ResetInterrupt` into the framework's loop.
+    """
+    return _link()
+
+
 def run(func: F) -> F:
     """Decorate the training loop (a function whose first argument is the :class:`State`):
     when the group re-forms, the loop is called again in the new group, from the last commit.
@@ -242,4 +264,4 @@ def run(func: F) -> F:
 
 
 
-__all__ = ["ObjectState", "ResetInterrupt", "State", "run"]
+__all__ = ["ObjectState", "ResetInterrupt", "State", "reset_link", "run"]

@@ -132,6 +132,24 @@ def test_an_interrupt_raises_at_the_next_check_only_inside_elastic_run():
         link.check()
 
 
+def test_a_framework_loop_reads_the_request_without_sgd_raising_into_it(session):
+    """sgd.elastic.reset_link(): the seam for a framework's own elastic loop (sgd-horovod's
+    hvd.elastic.run). It leaves `entered` false, so a report never raises ResetInterrupt, and
+    reads `requested` at its own sync points; the barrier answers it."""
+    assert elastic.reset_link() is session.resets
+    link = session.resets
+    link.interrupt(hard=False)
+    assert link.requested and not link.hard
+    link.check()  # not entered: nothing raised into the framework's loop
+    link.resume(Resume(commits=3), None)
+    link.barrier("the group re-forms", failed=False)
+    assert not link.requested and link.commits == 3
+
+
+def test_no_reset_link_outside_a_training_function():
+    assert elastic.reset_link() is None
+
+
 # --- the State API ------------------------------------------------------------------------------
 
 

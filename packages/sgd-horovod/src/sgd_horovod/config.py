@@ -22,6 +22,7 @@ import ray
 
 from sgd.backend import Backend, BackendConfig
 from sgd_horovod._horovod import INSTALL_HINT, require_horovod
+from sgd_horovod.in_place import install as install_in_place
 from sgd_horovod.rendezvous import RendezvousService, Slot, choose_interfaces, network_info, slot_plan
 from sgd_torch import TorchBackend
 
@@ -125,7 +126,10 @@ def check_probes(infos: Sequence[Dict[str, Any]]) -> None:
 
 
 def _set_env(env: Dict[str, str]) -> None:
+    """A worker's Horovod environment, and ``hvd.elastic.run`` on sgd's in-place recovery
+    (:mod:`sgd_horovod.in_place`)."""
     os.environ.update(env)
+    install_in_place()
 
 
 def _shutdown_horovod() -> None:
@@ -255,6 +259,13 @@ class _HorovodBackend(Backend):
                                "the workers are stopped anyway", SHUTDOWN_TIMEOUT_S)
         finally:
             self._stop_service()
+
+    def reforms_in_place(self, worker_group: Workers, backend_config: BackendConfig) -> bool:
+        """A run whose training function uses ``hvd.elastic.run`` re-forms in place: :meth:`on_start`
+        starts a rendezvous server for the new group and sets every worker's ``HOROVOD_*`` for
+        it, and each survivor meets the others there again in its live process
+        (``hvd.shutdown()``, sgd's reset barrier, ``hvd.init()``: :mod:`sgd_horovod.in_place`)."""
+        return isinstance(backend_config, HorovodConfig)
 
     def on_failure(self, worker_group: Workers, backend_config: BackendConfig, error: BaseException) -> None:
         # The workers are about to be killed; the restart (if any) starts a fresh server.

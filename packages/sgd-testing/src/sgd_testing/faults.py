@@ -6,7 +6,7 @@ import os
 import signal
 import subprocess
 import sys
-from typing import Any, Callable, Dict, Iterable, List, Union
+from typing import Any, Callable, Dict, Iterable, List, Tuple, Union
 
 import sgd
 from sgd_testing.fixtures import wait_for
@@ -44,6 +44,59 @@ class KillWorker(sgd.TrainingCallback):
             pid = int(results[self.rank]["pid"])
             os.kill(pid, signal.SIGKILL)
             self.killed.append(pid)
+
+
+class RoomFreedAt(sgd.TrainingCallback):
+    """Room that appears mid-run, for an elastic group to grow into: once every CPU of the
+    cluster is free, a Ray actor takes ``cpus`` of them (so a group started next gets fewer
+    workers than its max), and it is killed, giving them back, when the round whose
+    ``results[0][key]`` is ``at`` arrives. ``rounds`` holds every delivered round.
+
+    :param cpus: how many CPUs to hold until then.
+    """
+
+    def __init__(self, cpus: float, at: Any, *, key: str = "step", timeout: float = 30.0):
+        import ray
+
+        wait_for(lambda: ray.available_resources().get("CPU", 0) >= ray.cluster_resources().get("CPU", 0),
+                 timeout=timeout, message="the cluster's CPUs were not all free")
+        self.at, self.key = at, key
+        self.rounds: List[List[Dict[str, Any]]] = []
+        holder: Any = ray.remote(num_cpus=cpus)(_Holder).remote()
+        ray.get(holder.ready.remote())
+        self._holder: Any = holder
+
+    def handle_result(self, results: List[Dict[str, Any]], **info: Any) -> None:
+        import ray
+
+        self.rounds.append(results)
+        if results[0][self.key] == self.at and self._holder is not None:
+            ray.kill(self._holder)
+            self._holder = None
+
+
+class _Holder:
+    def ready(self) -> bool:
+        return True
+
+
+def grow_during_run(backend: Any, train_func: Callable[[Dict[str, Any]], Any], config: Dict[str, Any], *,
+                    num_workers: Tuple[int, int] = (2, 3), cpus: float = 2, at: Any = 3,
+                    key: str = "step") -> Tuple[List[List[Dict[str, Any]]], Any]:
+    """Run ``train_func`` on an elastic ``sgd.Trainer(backend=..., num_workers=...)`` started
+    while ``cpus`` of the cluster are held (:class:`RoomFreedAt`), freed when round ``at``
+    arrives: the group starts below its max and may grow mid-run (make the controller check
+    for room often: ``sgd.run.controller.GROW_CHECK_INTERVAL_S``). Every delivered round and
+    the run's return values.
+    """
+    free = RoomFreedAt(cpus=cpus, at=at, key=key)
+    trainer = sgd.Trainer(backend=backend, num_workers=num_workers, max_retries=0)
+    trainer.start()
+    try:
+        out = trainer.run(train_func, config=config, callbacks=[free])
+    finally:
+        trainer.shutdown()
+    return free.rounds, out
 
 
 def sigkill_when(script: str, condition: Callable[[], Any], *, timeout: float = 120.0, message: str = "") -> None:

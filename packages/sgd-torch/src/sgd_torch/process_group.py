@@ -14,6 +14,7 @@ from datetime import timedelta
 from typing import Any, Dict, Optional, Tuple
 
 from sgd.backend import on_worker_interrupt, on_worker_reset, on_worker_run_error
+from sgd_torch.sockets import OpenedSockets
 
 
 def _set_env(env: Dict[str, str]) -> None:
@@ -40,40 +41,14 @@ def _init_process_group(backend: str, init_method: str, rank: int, world_size: i
         on_worker_run_error(_destroy_process_group)
 
 
-#: (fd, "socket:[inode]") of each socket the current process group opened on this worker.
-_GROUP_SOCKETS: list = []
+#: The sockets the current process group opened on this worker (what an interrupt shuts).
+_GROUP_SOCKETS = OpenedSockets()
 
 
 def _recording_sockets(init: Any) -> Any:
     """``init`` (``init_process_group``) that records the sockets the group opens (its store
     and its connections to the peers): what an interrupt shuts (see _interrupt_process_group)."""
-    import functools
-
-    @functools.wraps(init)
-    def init_process_group(*args: Any, **kwargs: Any) -> Any:
-        before = _socket_inodes()
-        out = init(*args, **kwargs)
-        _GROUP_SOCKETS[:] = [(fd, link) for fd, link in _socket_inodes().items() if before.get(fd) != link]
-        return out
-
-    init_process_group._sgd_tracked = True  # type: ignore[attr-defined]
-    return init_process_group
-
-
-def _socket_inodes() -> Dict[int, str]:
-    out: Dict[int, str] = {}
-    try:
-        fds = os.listdir("/proc/self/fd")
-    except OSError:  # not Linux: nothing to track; a blocked collective then ends at its timeout
-        return out
-    for fd in fds:
-        try:
-            link = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if link.startswith("socket:"):
-            out[int(fd)] = link
-    return out
+    return _GROUP_SOCKETS.recording(init)
 
 
 def _interrupt_process_group() -> None:
@@ -85,8 +60,6 @@ def _interrupt_process_group() -> None:
     peers connected to this worker. Listening sockets are left alone (gloo's listener thread
     aborts on one). Destroying the group is not enough: its connections close only once nothing
     refers to it, and a DDP model or a failed step's frames do. NCCL: abort the communicators."""
-    import socket
-
     if "torch" not in sys.modules:
         return
     import torch.distributed as dist
@@ -96,20 +69,7 @@ def _interrupt_process_group() -> None:
     if dist.get_backend() == "nccl":
         dist.distributed_c10d._abort_process_group()
         return
-    for fd, link in list(_GROUP_SOCKETS):
-        try:
-            if os.readlink(f"/proc/self/fd/{fd}") != link:
-                continue  # closed since, and the number reused
-            sock = socket.socket(fileno=os.dup(fd))
-        except OSError:
-            continue
-        try:
-            if not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
-                sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        finally:
-            sock.close()
+    _GROUP_SOCKETS.shut_down()
 
 
 def _track_own_group(timeout_s: int) -> None:

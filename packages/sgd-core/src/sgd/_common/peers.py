@@ -2,7 +2,8 @@
 
 The driver reads it to tell a worker's own error from the echo of a peer's death
 (:mod:`sgd.group.rounds`); a worker reads it to tell which failures of a training function
-``sgd.elastic.run`` recovers from in place."""
+``sgd.elastic.run`` recovers from in place. Horovod raises ``HorovodInternalError`` from every
+collective once a peer's failure stopped its background loop."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import re
 _PEER_FAILURE = re.compile(
     r"connection (reset|closed) by peer|broken pipe|connection refused|socket closed|"
     r"communicator was aborted|nccl.*(remote|abort|error)|gloo/transport|gloo.*(timed out|timeout|connect)|"
-    r"DistBackendError|DistNetworkError",
+    r"DistBackendError|DistNetworkError|HorovodInternalError",
     re.IGNORECASE,
 )
 

@@ -155,6 +155,13 @@ class ResetLink:
         return plan
 
     @property
+    def requested(self) -> bool:
+        """Whether the driver asked this run to come to the barrier and it has not come yet
+        (for a framework's own elastic loop, which checks it at its own sync points: see
+        :func:`sgd.elastic.reset_link`)."""
+        return self._requested
+
+    @property
     def hard(self) -> bool:
         """Whether the driver interrupted this run hard (a peer died): any failure of the
         training function until the barrier is the interrupt's."""
