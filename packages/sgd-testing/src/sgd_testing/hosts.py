@@ -26,263 +26,32 @@ Ray 2.5x and later turn token authentication on for a process once it ran a loca
 ``ray.shutdown``. Every process of the cluster and the driver must agree: they all get
 ``RAY_AUTH_MODE=disabled`` (a loopback-only test cluster), or ``token`` when this process's
 Ray already uses it (the token file in the shared home serves every host). See docs/clusters.md.
+
+This module holds the cluster; one host is :class:`Host` (:mod:`sgd_testing.host`), and what the
+hosts share of the machine (addresses, ports, the environment, namespaces) is in
+:mod:`sgd_testing.host_machine`. Every name is importable from here.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 from sgd_testing.fixtures import wait_for
-from sgd_testing.host_mounts import in_private_namespace, shared_paths
-
-#: The head's address (the driver's host).
-HEAD_IP = "127.0.0.2"
-#: Environment every process of the cluster gets (and the driver, through :meth:`HostCluster.connect`).
-CLUSTER_ENV = {
-    "RAY_AUTH_MODE": "disabled",
-    # A lost host is declared dead by the GCS after health_check_failure_threshold missed
-    # checks; Ray's defaults (period 3 s, threshold 5) stand, so tests see Ray's real timing.
-    "RAY_USAGE_STATS_ENABLED": "0",
-    "RAY_DEDUP_LOGS": "0",
-}
-
-
-def namespaces_unavailable() -> Optional[str]:
-    """Why worker hosts cannot get private mount namespaces here (``None`` when they can)."""
-    if sys.platform != "linux":
-        return f"private mount namespaces need Linux (this is {sys.platform})"
-    for tool in ("unshare", "setsid", "mount"):
-        if not _which(tool):
-            return f"the '{tool}' command is missing (util-linux)"
-    probe = subprocess.run(
-        ["unshare", "-m", "--propagation", "private", "sh", "-c", "mount -t tmpfs sgdprobe /mnt"],
-        capture_output=True, text=True,
-    )
-    if probe.returncode != 0:
-        return ("cannot create a private mount namespace with a tmpfs (unshare -m needs root or "
-                f"CAP_SYS_ADMIN): {probe.stderr.strip() or probe.returncode}")
-    return None
-
-
-def _which(tool: str) -> Optional[str]:
-    import shutil
-
-    return shutil.which(tool)
-
-
-def free_port(ip: str) -> int:
-    """A TCP port free on ``ip`` now."""
-    with socket.socket() as s:
-        s.bind((ip, 0))
-        return int(s.getsockname()[1])
-
-
-def _port_in_use(ip: str, port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind((ip, port))
-        except OSError:
-            return True
-    return False
-
-
-class Host:
-    """One host of a :class:`HostCluster`: a ``ray start --block`` process group."""
-
-    def __init__(self, cluster: HostCluster, ip: str, num_cpus: int, resources: Optional[Dict[str, float]],
-                 private: bool, head: bool):
-        self.cluster = cluster
-        self.ip = ip
-        self.num_cpus = num_cpus
-        self.resources = dict(resources or {})
-        self.private = private
-        self.head = head
-        self.proc: Optional[subprocess.Popen] = None
-        #: the Ray node id of the current incarnation (a restarted host gets a new one).
-        self.node_id: Optional[str] = None
-        self.log_path = cluster.base_dir / f"host-{ip}.log"
-        #: whether :meth:`drain` was called on this incarnation (Ray cannot undo a drain).
-        self.drained = False
-        self._mnt_ns: Optional[str] = None
-
-    def __repr__(self) -> str:
-        state = "up" if self.alive else "down"
-        return f"Host({self.ip}, cpus={self.num_cpus}, {'head' if self.head else 'worker'}, {state})"
-
-    @property
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    # --- start and stop ------------------------------------------------------------------
-
-    def _command(self) -> List[str]:
-        ray = str(Path(sys.executable).with_name("ray"))
-        args = [ray, "start", "--block", f"--node-ip-address={self.ip}", f"--num-cpus={self.num_cpus}",
-                "--num-gpus=0", "--disable-usage-stats"]
-        if self.resources:
-            import json
-
-            args.append(f"--resources={json.dumps(self.resources)}")
-        if self.head:
-            args += ["--head", f"--port={self.cluster.gcs_port}", "--include-dashboard=false",
-                     f"--temp-dir={self.cluster.base_dir / 'ray'}",
-                     f"--ray-client-server-port={free_port(self.ip)}"]
-        else:
-            args.append(f"--address={self.cluster.address}")
-        return args
-
-    def start(self) -> None:
-        """Start the host (again) and wait until the head sees it alive."""
-        if self.alive:
-            raise RuntimeError(f"host {self.ip} is already running")
-        before = set(self.cluster.node_ids(alive_only=False)) if not self.head else set()
-        self.drained = False
-        cmd = self._command()
-        if self.private:
-            # A private /tmp, /dev/shm and results directory: this host's disk is its own, with
-            # the interpreter, its environment and the code shared (sgd_testing.host_mounts).
-            results = Path.home() / "sgd_results"
-            results.mkdir(parents=True, exist_ok=True)
-            cmd = in_private_namespace(cmd, ("/tmp", "/dev/shm", str(results)), self.cluster.shared,
-                                       stage=str(self.cluster.base_dir / f"mounts-{self.ip}"), label=f"sgd-{self.ip}")
-        env = {**os.environ, **CLUSTER_ENV, **self.cluster.auth_env(), **self.cluster.env}
-        env.pop("RAY_ADDRESS", None)
-        log = open(self.log_path, "ab")
-        try:
-            # Its own session: the host's processes are one process group, stopped as one.
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env=env, start_new_session=True, cwd=str(self.cluster.base_dir))
-        finally:
-            log.close()
-        if self.private:
-            self._mnt_ns = wait_for(self._namespace, timeout=10, message=f"host {self.ip}'s namespace")
-        if self.head:
-            wait_for(lambda: self._reachable(self.cluster.gcs_port) or self._check_exited(), timeout=60,
-                     message=f"head {self.ip}:{self.cluster.gcs_port} did not start; see {self.log_path}")
-        self.node_id = wait_for(lambda: self._new_node(before) or self._check_exited(), timeout=90,
-                                message=f"host {self.ip} did not join the cluster; see {self.log_path}")
-
-    def _namespace(self) -> Optional[str]:
-        """The mount namespace of the host's ray process, once unshare has exec'd into it."""
-        self._check_exited()
-        assert self.proc is not None
-        with contextlib.suppress(OSError):
-            ns = os.readlink(f"/proc/{self.proc.pid}/ns/mnt")
-            if ns != os.readlink("/proc/self/ns/mnt"):
-                return ns
-        return None
-
-    def _check_exited(self) -> bool:
-        if self.proc is not None and self.proc.poll() is not None:
-            tail = self.log_path.read_text(errors="replace")[-3000:] if self.log_path.exists() else ""
-            raise RuntimeError(f"host {self.ip}: 'ray start' exited with {self.proc.returncode}:\n{tail}")
-        return False
-
-    def _reachable(self, port: int) -> bool:
-        with socket.socket() as s:
-            s.settimeout(0.5)
-            return s.connect_ex((self.ip, port)) == 0
-
-    def _new_node(self, before: set) -> Optional[str]:
-        for node in self.cluster.nodes():
-            if node["alive"] and node["ip"] == self.ip and node["node_id"] not in before:
-                return str(node["node_id"])
-        return None
-
-    def pids(self) -> List[int]:
-        """Every process of this host: its process group and, for a worker host, every process
-        in its mount namespace (a process that left the group is still on the host)."""
-        if self.proc is None:
-            return []
-        pgid = self.proc.pid
-        found = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            pid = int(entry)
-            try:
-                if os.getpgid(pid) == pgid or (self._mnt_ns and os.readlink(f"/proc/{pid}/ns/mnt") == self._mnt_ns):
-                    found.append(pid)
-            except (OSError, ProcessLookupError):
-                continue
-        return found
-
-    def kill(self, wait: bool = True) -> float:
-        """Lose the host at once: SIGKILL every process on it, as when a machine loses power.
-
-        :param wait: return only once every process of the host is gone (reaped); ``False``
-            returns once each was signalled (a benchmark timing what follows the kill).
-        :returns: ``time.time()`` when the signal was sent.
-        """
-        if self.proc is None:
-            raise RuntimeError(f"host {self.ip} was never started")
-        at = time.time()
-        for _ in range(3):  # a process forked while we were signalling gets the next pass
-            pids = self.pids()
-            if not pids:
-                break
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-            if not wait:
-                return at
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=10)
-        wait_for(lambda: not self.pids(), timeout=10, message=f"processes of host {self.ip} survived SIGKILL")
-        return at
-
-    def stop(self, timeout: float = 20.0) -> None:
-        """Stop the host gently (SIGTERM to ``ray start --block``, which stops its node), then
-        make sure nothing of it is left."""
-        self.signal_stop()
-        self.finish_stop(time.monotonic() + timeout)
-
-    def signal_stop(self) -> None:
-        """The first half of :meth:`stop`: ask the host to stop, without waiting."""
-        if self.alive:
-            assert self.proc is not None
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-
-    def finish_stop(self, deadline: float) -> None:
-        """The second half of :meth:`stop`: wait until ``deadline`` (``time.monotonic()``) for
-        the host to stop, then kill what is left of it."""
-        if self.proc is not None and self.proc.poll() is None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        if self.proc is not None and self.pids():
-            self.kill()
-
-    def drain(self, reason: str = "preemption", deadline_s: float = 30.0, message: str = "sgd test") -> None:
-        """Tell Ray this host is going away (``ray drain-node``), as a cloud preemption notice
-        or KubeRay's scale-down does: reason ``preemption`` (Ray's ``DRAIN_NODE_REASON_PREEMPTION``)
-        or ``idle-termination``, with a deadline ``deadline_s`` seconds from now."""
-        if self.node_id is None:
-            raise RuntimeError(f"host {self.ip} has no node id (not started)")
-        reasons = {"preemption": "DRAIN_NODE_REASON_PREEMPTION",
-                   "idle-termination": "DRAIN_NODE_REASON_IDLE_TERMINATION"}
-        if reason not in reasons:
-            raise ValueError(f"reason must be one of {sorted(reasons)}, got {reason!r}")
-        ray = str(Path(sys.executable).with_name("ray"))
-        env = {**os.environ, **CLUSTER_ENV, **self.cluster.auth_env(), **self.cluster.env}
-        proc = subprocess.run(
-            [ray, "drain-node", f"--address={self.cluster.address}", f"--node-id={self.node_id}",
-             f"--reason={reasons[reason]}", f"--reason-message={message}",
-             f"--deadline-remaining-seconds={int(deadline_s)}"],
-            capture_output=True, text=True, env=env, timeout=60,
-        )
-        self.drained = proc.returncode == 0
-        if proc.returncode != 0:
-            raise RuntimeError(f"ray drain-node {self.ip} failed ({proc.returncode}): "
-                               f"{proc.stderr.strip() or proc.stdout.strip()}")
+from sgd_testing.host import Host
+from sgd_testing.host_machine import (
+    CLUSTER_ENV,
+    HEAD_IP,
+    _port_in_use,
+    _refresh_ray_config,
+    free_port,
+    namespaces_unavailable,
+)
+from sgd_testing.host_machine import _which as _which
+from sgd_testing.host_mounts import shared_paths
 
 
 class HostCluster:
@@ -485,15 +254,6 @@ class HostCluster:
             import shutil
 
             shutil.rmtree(self.base_dir, ignore_errors=True)
-
-
-def _refresh_ray_config() -> None:
-    """Make this process's Ray read its settings (the auth mode) from the environment again:
-    Ray caches them at the first ``ray.init`` and keeps them across ``ray.shutdown``."""
-    with contextlib.suppress(Exception):
-        from ray._raylet import Config  # type: ignore[attr-defined]
-
-        Config.initialize("")
 
 
 @contextlib.contextmanager

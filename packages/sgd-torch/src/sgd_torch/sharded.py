@@ -14,43 +14,33 @@ and however the model is sharded now, and returns its metadata.
 Nothing read from a checkpoint runs code: DCP's ``.metadata`` file is a pickle, read here with
 an unpickler that builds only DCP's own metadata classes; values stored as bytes (an optimizer's
 ``lr``...) are read with ``torch.load(weights_only=True)``.
+
+This module saves and loads; what the state dict of a model or optimizer is to DCP is in
+:mod:`sgd_torch.sharded_state`, and the safe reading of the files in :mod:`sgd_torch.sharded_reader`.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import pickle
 import shutil
 import tempfile
 import threading
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint._traverse import set_element  # what DCP's own planner uses
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.filesystem import FileSystem
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
-from torch.distributed.checkpoint.state_dict import (
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 
-from sgd.checkpoint import METADATA_FILE, SHARDED_KEY, UntrustedCheckpointError, is_sharded, write_sharded_metadata
+from sgd.checkpoint import METADATA_FILE, SHARDED_KEY, is_sharded, write_sharded_metadata
 from sgd.checkpoint.integrity import file_digest
 from sgd.session import get_session
+from sgd_torch.sharded_reader import _DCP_METADATA, SafeFileSystemReader, SafeLoadPlanner
+from sgd_torch.sharded_state import _apply, _check_against, _dcp_state
 
 #: What a sharded checkpoint's metadata names as the writer of its files.
 WRITER = "torch.distributed.checkpoint"
-_DCP_METADATA = ".metadata"
 
 
 def save_sharded_checkpoint(state: Dict[str, Any], *, blocking: bool = True, **metadata: Any) -> None:
@@ -253,69 +243,6 @@ def load_sharded_checkpoint(state: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     return {k: v for k, v in loaded.items() if k != SHARDED_KEY}
 
 
-# --- the state and DCP ----------------------------------------------------------------------
-
-
-def _dcp_state(state: Dict[str, Any]) -> Dict[str, Any]:
-    if not isinstance(state, dict) or not state:
-        raise TypeError(f"the state must be a non-empty dict of models, optimizers and tensors, got {state!r}")
-    modules = [v for v in state.values() if isinstance(v, torch.nn.Module)]
-    out: Dict[str, Any] = {}
-    for key, value in state.items():
-        if isinstance(value, torch.nn.Module):
-            out[key] = get_model_state_dict(value)
-        elif isinstance(value, torch.optim.Optimizer):
-            out[key] = get_optimizer_state_dict(_model_of(value, modules, key), value)
-        elif isinstance(value, torch.Tensor):
-            out[key] = value
-        else:
-            raise TypeError(
-                f"state[{key!r}] is a {type(value).__name__}: a sharded checkpoint holds models, optimizers and "
-                "tensors; pass plain values as metadata (save_sharded_checkpoint(state, step=3))")
-    return out
-
-
-def _model_of(optimizer: torch.optim.Optimizer, modules: List[torch.nn.Module], key: str) -> torch.nn.Module:
-    wanted = {id(p) for group in optimizer.param_groups for p in group["params"]}
-    for module in modules:
-        if wanted <= {id(p) for p in module.parameters()}:
-            return module
-    raise TypeError(f"state[{key!r}] is an optimizer whose model is not in the same dict; pass both: "
-                    f"{{'model': model, {key!r}: optimizer}}")
-
-
-def _apply(state: Dict[str, Any], loaded: Dict[str, Any]) -> None:
-    modules = [v for v in state.values() if isinstance(v, torch.nn.Module)]
-    for key, value in state.items():
-        if isinstance(value, torch.nn.Module):
-            set_model_state_dict(value, loaded[key])
-        elif isinstance(value, torch.optim.Optimizer):
-            set_optimizer_state_dict(_model_of(value, modules, key), value, loaded[key])
-        # tensors were loaded in place by dcp.load
-
-
-def _check_against(target: Dict[str, Any], saved: Dict[str, Any], where: str) -> None:
-    """Every tensor of the models (and plain tensors) is in the checkpoint, with its shape."""
-    for key, value in target.items():
-        items = value.items() if isinstance(value, dict) and not _is_optimizer_state(value) else []
-        pairs = [(f"{key}.{name}", t) for name, t in items] if items else [(key, value)]
-        for fqn, tensor in pairs:
-            if not isinstance(tensor, torch.Tensor):
-                continue
-            entry = saved.get(fqn)
-            if entry is None:
-                raise ValueError(f"sharded checkpoint {where} has no {fqn!r} (the model has it, with shape "
-                                 f"{tuple(tensor.shape)}); its keys start with: {sorted(saved)[:8]}")
-            size = getattr(entry, "size", None)
-            if size is not None and tuple(size) != tuple(tensor.shape):
-                raise ValueError(f"sharded checkpoint {where}: {fqn!r} has shape {tuple(size)} in the checkpoint "
-                                 f"and {tuple(tensor.shape)} in the model")
-
-
-def _is_optimizer_state(value: Dict[str, Any]) -> bool:
-    return set(value) == {"state", "param_groups"}
-
-
 def _own_files(folder: str, rank: int) -> List[str]:
     return sorted(f for f in os.listdir(folder) if f.startswith(f"__{rank}_") and f.endswith(".distcp"))
 
@@ -339,120 +266,3 @@ def _session(what: str) -> Any:
     if session is None:
         raise RuntimeError(f"sgd_torch.{what} is called inside a training function (on every worker)")
     return session
-
-
-# --- reading untrusted files --------------------------------------------------------------
-
-
-def _allowed(module: str, name: str) -> Any:
-    """The objects a DCP ``.metadata`` pickle may name: DCP's metadata classes, ``torch.Size``,
-    dtypes, layouts, memory formats and paths. Nothing that runs code when called."""
-    import pathlib
-
-    import torch.distributed.checkpoint.filesystem as dcp_fs
-    import torch.distributed.checkpoint.metadata as dcp_meta
-
-    if module == "torch.distributed.checkpoint.metadata" and not name.startswith("__"):
-        obj = getattr(dcp_meta, name, None)
-        if isinstance(obj, type):
-            return obj
-    if module == "torch.distributed.checkpoint.filesystem" and name == "_StorageInfo":
-        return dcp_fs._StorageInfo
-    if module == "torch" and name == "Size":
-        return torch.Size
-    if module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout, torch.memory_format)):
-        return getattr(torch, name)
-    if module == "torch.serialization" and name == "_get_layout":
-        return _layout_by_name
-    if module == "pathlib" and name in ("PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"):
-        return getattr(pathlib, name)
-    if module == "collections" and name == "OrderedDict":
-        import collections
-
-        return collections.OrderedDict
-    return None
-
-
-def _layout_by_name(name: str) -> Any:
-    layout = getattr(torch, str(name).replace("torch.", ""), None)
-    if not isinstance(layout, torch.layout):
-        raise UntrustedCheckpointError(f"unknown tensor layout {name!r} in a sharded checkpoint's metadata")
-    return layout
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    def __init__(self, file: Any, where: str):
-        super().__init__(file)
-        self._where = where
-
-    def find_class(self, module: str, name: str) -> Any:
-        obj = _allowed(module, name)
-        if obj is None:
-            raise UntrustedCheckpointError(
-                f"sharded checkpoint {self._where}: its {_DCP_METADATA} names {module}.{name}, which is not part of "
-                "torch.distributed.checkpoint's metadata; it was altered or not written by sgd, and is not loaded")
-        return obj
-
-
-class SafeFileSystemReader(FileSystemReader):
-    """DCP's file reader, reading the ``.metadata`` pickle with an unpickler that builds only
-    DCP's metadata classes (``torch.distributed.checkpoint.FileSystemReader`` unpickles anything).
-
-    :param path: the checkpoint folder.
-    :param driver_files: read it from the driver's disk through sgd's file server
-        (``Session.driver_files``) instead of this host's: each tensor's byte range, fetched
-        when DCP asks for it.
-    """
-
-    def __init__(self, path: Any, driver_files: Any = None) -> None:
-        super().__init__(path)
-        self._driver_files = driver_files
-        if driver_files is not None:
-            self.fs = _DriverFileSystem()
-
-    def _read_file(self, name: str) -> bytes:
-        where = os.path.join(str(self.path), name)
-        if self._driver_files is None:
-            with open(where, "rb") as f:
-                return f.read()
-        return self._driver_files.read(where, 0, self._driver_files.size(where))
-
-    def _slice_file(self, file: Any, sinfo: Any) -> Any:
-        if self._driver_files is None:
-            return super()._slice_file(file, sinfo)
-        return io.BytesIO(self._driver_files.read(str(file), sinfo.offset, sinfo.length))
-
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        if kwargs.get("rank") is not None:
-            raise UntrustedCheckpointError("per-rank DCP metadata files are not read by sgd")
-        where = str(self.path)
-        metadata = _MetadataUnpickler(io.BytesIO(self._read_file(_DCP_METADATA)), where).load()
-        if not isinstance(metadata, Metadata):
-            raise UntrustedCheckpointError(f"sharded checkpoint {where}: {_DCP_METADATA} does not hold DCP metadata")
-        storage_meta = getattr(metadata, "storage_meta", None) or StorageMeta()
-        storage_meta.load_id = getattr(self, "load_id", None)
-        metadata.storage_meta = storage_meta
-        return metadata
-
-
-class _DriverFileSystem(FileSystem):
-    """Paths on the driver's host: a "stream" is the file's path; :meth:`SafeFileSystemReader._slice_file`
-    fetches each byte range through the file server."""
-
-    @contextmanager
-    def create_stream(self, path: Any, mode: str) -> Iterator[Any]:
-        if mode != "rb":
-            raise PermissionError(f"{path} on the driver's host is opened for reading only")
-        yield str(path)
-
-
-class SafeLoadPlanner(DefaultLoadPlanner):
-    """DCP's load planner, reading values stored as bytes with ``torch.load(weights_only=True)``
-    (plain values and tensors only; DCP's own planner unpickles anything)."""
-
-    def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
-        loaded = torch.load(value, weights_only=True)
-        if self.flatten_state_dict:
-            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
-        else:
-            self.state_dict[read_item.dest_index.fqn] = loaded

@@ -15,6 +15,9 @@ How it maps onto sgd (one execution path, no second one):
   in a Ray object reference that workers only fetch when they need it: when sgd replaces the
   workers after a death (new processes, empty registry) the operators are rebuilt, load the
   state and the pass is redone from its start. ``train(max_retries=N)`` sets how many times.
+
+Its arguments are checked in :mod:`sgd_torch.v1.arguments`; its state file is read in
+:mod:`sgd_torch.v1.saved_state`.
 """
 
 from __future__ import annotations
@@ -26,57 +29,12 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Union
 
-import torch
-
-from sgd_torch.v1.creators import with_custom_functions
+from sgd_torch.v1.arguments import _check_retries, _check_steps, _resolve_operator, _resolve_use_gpu, _resolve_workers
 from sgd_torch.v1.fp16 import warn_apex_args
 from sgd_torch.v1.metrics import reduce_stats
-from sgd_torch.v1.operator import SCHEDULER_STEP_FREQS, TrainingOperator
+from sgd_torch.v1.operator import SCHEDULER_STEP_FREQS
+from sgd_torch.v1.saved_state import _check_same_layout, _load_state_file
 from sgd_torch.v1.worker import Job, run_job
-
-_CREATOR_ARGS = ("model_creator", "data_creator", "optimizer_creator", "loss_creator", "scheduler_creator")
-
-
-def _check_same_layout(current: Dict[str, Any], new: Dict[str, Any], operator_name: str) -> None:
-    """Fail on the driver, before any worker loads it, when ``new`` cannot fit this trainer's
-    operators: another number of models / optimizers / schedulers, or other parameters."""
-    for what in ("model", "optimizer", "scheduler"):
-        mine, theirs = current.get(f"{what}s") or [], new.get(f"{what}s") or []
-        if len(mine) != len(theirs):
-            raise ValueError(
-                f"the state holds {len(theirs)} {what}(s) but {operator_name} registered {len(mine)}; "
-                "restore it into a trainer built with the same creators / operator class."
-            )
-    for index, (mine, theirs) in enumerate(zip(current["models"], new["models"])):
-        shapes = {k: tuple(v.shape) for k, v in mine.items() if isinstance(v, torch.Tensor)}
-        other = {k: tuple(v.shape) for k, v in theirs.items() if isinstance(v, torch.Tensor)}
-        if shapes != other:
-            diff = sorted(set(shapes.items()) ^ set(other.items()))
-            raise ValueError(
-                f"model {index} of the state does not match {operator_name}'s (differs in {diff[:4]}); "
-                "restore it into a trainer built with the same creators / operator class."
-            )
-
-
-def _check_retries(max_retries: Any) -> int:
-    if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < -1:
-        raise ValueError(f"max_retries must be an int >= 0 (or -1: unlimited), got {max_retries!r}")
-    return max_retries
-
-
-def _load_state_file(path: Union[str, os.PathLike], trusted: Optional[bool] = None) -> Dict[str, Any]:
-    from sgd_torch import codec
-
-    path = Path(path).expanduser()
-    if path.is_dir():
-        path = path / "trainer.pt"
-    if not path.is_file():
-        raise FileNotFoundError(f"no sgd_torch.v1 checkpoint at {path}; pass a file written by TorchTrainer.save()")
-    with open(path, "rb") as f:
-        state = codec.load(f, trusted, str(path))
-    if not isinstance(state, dict) or "models" not in state:
-        raise ValueError(f"{path} was not written by TorchTrainer.save() (no models in it)")
-    return state
 
 
 class TorchTrainer:
@@ -396,73 +354,6 @@ class TorchTrainer:
 
 
 PyTorchTrainer = TorchTrainer
-
-
-# --- argument checks --------------------------------------------------------------------------
-
-
-def _check_steps(num_steps: Any) -> None:
-    if num_steps is not None and (isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps <= 0):
-        raise ValueError(f"num_steps must be a positive int or None, got {num_steps!r}")
-
-
-def _resolve_workers(num_workers: Any, num_replicas: Any) -> int:
-    """``num_replicas`` (v1's name) wins over ``num_workers`` left at its default of 1."""
-    for name, value in (("num_workers", num_workers), ("num_replicas", num_replicas)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
-    if num_replicas is None:
-        return num_workers if num_workers is not None else 1
-    if num_workers not in (None, 1, num_replicas):
-        raise ValueError(
-            f"num_workers={num_workers} and num_replicas={num_replicas} disagree; num_replicas is v1's name "
-            "for num_workers: pass only one of them."
-        )
-    return num_replicas
-
-
-def _resolve_use_gpu(use_gpu: Any) -> bool:
-    if use_gpu == "auto":
-        return torch.cuda.is_available()
-    if not isinstance(use_gpu, bool):
-        raise ValueError(f"use_gpu must be True, False or 'auto', got {use_gpu!r}")
-    return use_gpu
-
-
-def _resolve_operator(
-    model_creator: Any, data_creator: Any, optimizer_creator: Any, loss_creator: Any, scheduler_creator: Any,
-    training_operator_cls: Any, train_function: Any, validation_function: Any, serialize_data_creation: bool,
-) -> type:
-    creators = dict(zip(_CREATOR_ARGS, (model_creator, data_creator, optimizer_creator, loss_creator,
-                                        scheduler_creator)))
-    given = [name for name, fn in creators.items() if fn is not None]
-    for name, fn in (("train_function", train_function), ("validation_function", validation_function)):
-        if fn is not None and not callable(fn):
-            raise TypeError(f"{name} must be a function, got {type(fn).__name__}")
-    if training_operator_cls is not None:
-        if not (isinstance(training_operator_cls, type) and issubclass(training_operator_cls, TrainingOperator)):
-            raise TypeError(
-                "training_operator_cls must be a subclass of sgd_torch.v1.TrainingOperator, got "
-                f"{training_operator_cls!r}"
-            )
-        if given:
-            raise ValueError(
-                f"pass either training_operator_cls or creator functions, not both (got {', '.join(given)}); "
-                "build an operator from creators with TrainingOperator.from_creators(...)."
-            )
-        operator_cls = training_operator_cls
-    else:
-        missing = [name for name in ("model_creator", "data_creator", "optimizer_creator") if creators[name] is None]
-        if missing:
-            raise ValueError(
-                f"TorchTrainer needs training_operator_cls, or model_creator, data_creator and optimizer_creator "
-                f"(missing: {', '.join(missing)})."
-            )
-        operator_cls = TrainingOperator.from_creators(
-            model_creator, optimizer_creator, data_creator, loss_creator=loss_creator,
-            scheduler_creator=scheduler_creator, serialize_data_creation=serialize_data_creation,
-        )
-    return with_custom_functions(operator_cls, train_function, validation_function)
 
 
 def check_trainer_args(*args: Any, **kwargs: Any) -> None:

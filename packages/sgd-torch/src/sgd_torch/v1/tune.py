@@ -39,7 +39,8 @@ class BaseTorchTrainable(tune.Trainable):
 
     @classmethod
     def default_resource_request(cls, config: Dict[str, Any]) -> Any:
-        from sgd_torch.v1.trainer import TorchTrainer, _resolve_use_gpu, _resolve_workers
+        from sgd_torch.v1.arguments import _resolve_use_gpu, _resolve_workers
+        from sgd_torch.v1.trainer import TorchTrainer
 
         kwargs = cls._v1_kwargs
         defaults = TorchTrainer.__init__.__kwdefaults__ or {}
