@@ -65,7 +65,8 @@ def _install(session: nox.Session, *extra: str) -> None:
 #: waiting (for a deadline, a process start, a peer), so three share two cores well. One test
 #: file stays on one worker (its module-scoped fixtures are made once) and the tests on the
 #: three-host fixture share one worker (docs/contributing.md).
-WHOLE_SUITE = ["-n", os.environ.get("SGD_TEST_WORKERS", "3"), "--dist", "loadgroup", "packages", "tests"]
+WHOLE_SUITE = ["-n", os.environ.get("SGD_TEST_WORKERS", "3"), "--dist", "loadgroup", "--no-loadscope-reorder",
+               "packages", "tests"]
 
 
 @nox.session(python=PYTHON)

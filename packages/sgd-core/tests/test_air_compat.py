@@ -227,7 +227,8 @@ def test_builtin_preprocessors_keep_without_pickle_and_others_need_trust(ray_clu
     assert b"cloudpickle" not in data and b"pickle" not in data
     back = decode_preprocessor(data, trusted=False)
     assert type(back) is Chain
-    assert back.transform(ds).take_all() == chain.transform(ds).take_all()
+    # Ray Data keeps no row order across blocks unless asked: compare the rows, sorted.
+    assert sorted(back.transform(ds).take_all(), key=repr) == sorted(chain.transform(ds).take_all(), key=repr)
 
     class Mine(StandardScaler):
         pass

@@ -64,6 +64,16 @@ def _fit(func, config, storage_path, name, workers=1):
     return result
 
 
+@pytest.fixture(autouse=True)
+def _tune_copies_its_rows_before_a_restart(monkeypatch):
+    """These tests read Tune's ``progress.csv`` after a retry. Tune 2.60 copies its stored copy
+    of that file back over the trial's before restarting it, and that copy is made at most once
+    per experiment-checkpoint period: on a busy machine it can still be the empty file of the
+    trial's start, and the rows before the failure are gone (Tune's, not sgd's: docs/tune.md).
+    With the period 0 the copy is made after every result."""
+    monkeypatch.setenv("TUNE_GLOBAL_CHECKPOINT_S", "0")
+
+
 def test_ray_112_test_retry_keeps_every_row_and_counts_on(ray_cluster, storage_path, tmp_path):
     result = _fit(_ray_112_retry, {"marker": str(tmp_path / "failed")}, storage_path, "retry")
     assert (tmp_path / "failed").exists()

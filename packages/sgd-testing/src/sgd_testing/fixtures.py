@@ -220,17 +220,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
 
 
 def _group_for_xdist(items: list) -> None:
-    """Under ``pytest -n N --dist loadgroup`` (``nox -s tests``): one test file runs on one
-    worker, so a module-scoped fixture (a started trainer, its own Ray cluster) is made once;
-    every test on the three-host fixture runs on the same worker, one at a time, since the
-    hosts' addresses are fixed, and first: it is the longest group, and xdist hands out groups
-    in collection order. Each worker has its own local Ray cluster."""
-    on_hosts = set()
+    """Under ``pytest -n N --dist loadgroup --no-loadscope-reorder`` (``nox -s tests``): one
+    test file runs on one worker, so a module-scoped fixture (a started trainer, its own Ray
+    cluster) is made once; every test on the three-host fixture runs on the same worker, one at
+    a time, since the hosts' addresses are fixed. xdist hands the groups out in the order
+    collected: the three-host group first (the longest; started at once it never ends the run
+    late, with its hosts' heartbeats competing with the whole machine's load), then the others
+    with the most tests first. Each worker has its own local Ray cluster."""
+    groups: Dict[str, list] = {}
     for item in items:
         if HOST_FIXTURES.intersection(getattr(item, "fixturenames", ())):
-            on_hosts.add(item.nodeid)
             group = "hosts"
         else:
             group = item.nodeid.split("::", 1)[0]
         item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=lambda item: item.nodeid not in on_hosts)  # stable: each file's order is kept
+        groups.setdefault(group, []).append(item)
+    order = sorted(groups, key=lambda g: (g != "hosts", -len(groups[g])))  # stable for ties
+    items[:] = [item for group in order for item in groups[group]]
