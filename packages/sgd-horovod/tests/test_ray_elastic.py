@@ -542,3 +542,30 @@ def test_user_error_on_every_worker_fails_the_job_with_it_as_cause(ray_8_cpus):
         executor.shutdown()
     assert isinstance(info.value.__cause__, KeyError)
     _all_cpus_back()
+
+
+def test_reset_limit_is_the_controllers_count(ray_8_cpus):
+    """reset_limit=0: the first worker lost ends the job, counted by sgd's run controller (the
+    job is its max_retries), with Horovod's message naming the lost worker's slot."""
+    from sgd.errors import TrainingFailedError
+
+    settings = ElasticRayExecutor.create_settings(min_num_proc=2, reset_limit=0, timeout_s=60)
+    settings.discovery = FixedHosts({"host-1": 1, "host-2": 1, "host-3": 1})
+    executor = ElasticRayExecutor(settings, cpus_per_slot=0.5, override_discovery=False)
+    killed = []
+
+    def on_log(info):
+        if not killed and info.get("epoch", 0) >= 2 and info["rank"] == 2:
+            killed.append(info["pid"])
+            os.kill(info["pid"], signal.SIGKILL)
+
+    executor.start()
+    try:
+        expected = r"non-zero status.*host-3\[0\] \(TrainingFailedError: .*\(max_retries=0\).*worker rank 2 died"
+        with pytest.raises(RuntimeError, match=expected) as info:
+            executor.run(_weight_fn(5, stop_when=lambda size: size == 2), callbacks=[on_log])
+    finally:
+        executor.shutdown()
+    assert len(killed) == 1
+    assert isinstance(info.value.__cause__, TrainingFailedError)
+    _all_cpus_back()

@@ -118,6 +118,23 @@ def sgd_backend_setup(worker_group: Workers, backend_config: BackendConfig, back
     """
 
 
+@hookspec(firstresult=True)
+def sgd_elastic_room(worker_group: Optional[Workers], resources_per_worker: dict) -> Optional[int]:
+    """How many workers an elastic group (``num_workers=(min, max)``) may have now, when
+    something other than the Ray cluster's free resources decides (a job's host discovery).
+
+    Asked before each placement of an elastic group and at each look for room to grow; sgd
+    takes the smaller of this and what the cluster can place. Pass the implementing object in
+    ``sgd.Trainer(plugins=[...])`` so that it applies to that trainer only.
+    Stops at first non-None result.
+
+    :param worker_group: the group's workers now, in world-rank order (``None`` before the first
+        placement); a worker of theirs counts as room it already has.
+    :param resources_per_worker: what one worker reserves (``{"CPU": 1, ...}``).
+    :returns: the number of workers, or ``None`` to let the cluster's room decide.
+    """
+
+
 @hookspec
 def sgd_backend_training_start(worker_group: Workers, backend_config: BackendConfig, backend: Backend) -> None:
     """Prepare the workers for one call of ``Trainer.run`` (called before each run, and

@@ -1,13 +1,15 @@
 """Horovod's elastic API on Ray (``horovod.ray.ElasticRayExecutor`` and ``RayExecutor(min_workers=...)``)
-on an :class:`sgd.WorkerGroup`.
+as a thin adapter over an sgd run under the run controller.
 
-Horovod's own elastic machinery decides who trains: its ``ElasticDriver`` polls a host
-discovery, assigns ranks, runs the elastic rendezvous (its HTTP server with the elastic
-handler) and tells rank 0 when hosts change, and ``hvd.elastic.run`` on the workers commits,
-restores and syncs the state. What sgd provides is the processes: every slot the driver asks
-for becomes one worker appended to an sgd ``WorkerGroup`` (``add_workers(1, node_id=...)``,
-pinned to the discovered host's Ray node) and every worker that ends, fails or whose host left
-is taken out of it (``remove_workers``), so the group always holds the job's live workers.
+Each ``run`` is one ``sgd.Trainer(backend=HorovodConfig(...), num_workers=(min, max),
+max_retries=reset_limit)`` run: ``hvd.elastic.run`` in the function recovers in place
+(:mod:`sgd_horovod.in_place`), the controller decides when the group re-forms and counts the
+recoveries against ``reset_limit``, and the Horovod backend starts a rendezvous for each group.
+Horovod's ``ElasticDriver`` is not used. What Horovod's driver did with its host discovery is
+done here through sgd's seams: the discovery is the group's room (``sgd_elastic_room``: the
+slots of the hosts not avoided, at most ``max_workers``), a host whose worker was lost is
+avoided for ``cooldown_range`` seconds (for good without it: Horovod's blacklist), and
+``ray_logger.log`` reaches the ``callbacks`` through a queue.
 
 Nothing here imports Horovod at module level.
 """
@@ -16,18 +18,20 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 import threading
 import time
+import uuid
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import ray
 
+from sgd import hookimpl
+from sgd.errors import WorkerDiedError
 from sgd.worker_group import ResourcesUnavailableError, WorkerGroup
 from sgd_horovod._horovod import require_horovod
-from sgd_horovod.config import _probe, _secret
-from sgd_horovod.rendezvous import Slot, choose_interfaces
 
 logger = logging.getLogger("sgd.horovod")
 
@@ -147,60 +151,50 @@ class _CheckedDiscovery:
 
 # --- the job --------------------------------------------------------------------------------
 
-
-class _Rendezvous:
-    """Horovod's HTTP rendezvous server with the elastic handler; ``stop`` also closes the
-    socket (Horovod's leaves it open) and may be called twice."""
-
-    def __init__(self, verbose: int):
-        http_server = require_horovod("horovod.runner.http.http_server", "on the driver")
-        self._server: Any = http_server.RendezvousServer(verbose)
-        self._running = False
-
-    def start(self, handler_cls: Any) -> int:
-        port = int(self._server.start(handler_cls))
-        self._running = True
-        return port
-
-    def init(self, host_alloc_plan: Any) -> None:
-        self._server.init(host_alloc_plan)
-
-    def stop(self) -> None:
-        if not self._running:
-            return
-        self._running = False
-        try:
-            self._server.stop()
-            httpd = getattr(self._server, "_httpd", None)
-            if httpd is not None:
-                httpd.server_close()
-        except Exception:
-            logger.debug("stopping the elastic rendezvous server failed", exc_info=True)
+#: Past this many workers an elastic job without ``max_workers`` is never asked to grow: the
+#: discovery's slots are the limit (Horovod's ``max_np=None``).
+_NO_MAX = 1 << 16
 
 
-@dataclass
-class _Run:
-    """One ``run`` call: the function, what came back, and the first error of each worker."""
+class _DiscoveredRoom:
+    """The job's host discovery as sgd's elastic room, for one run's trainer (a plugin passed in
+    ``sgd.Trainer(plugins=[...])``): the group may have as many workers as the discovered hosts
+    that are not avoided have slots, and each worker is given a slot (``host[i]``) by rank."""
 
-    fn: Callable[[Any], Any]
-    queue: Any
-    values: List[Tuple[int, Any]] = field(default_factory=list)
-    errors: Dict[str, BaseException] = field(default_factory=dict)
-    finished: List[Any] = field(default_factory=list)  # actors that returned: stopped when the run ends
-    spawned: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    def __init__(self, job: ElasticJob):
+        self.job = job
+
+    @hookimpl
+    def sgd_elastic_room(self) -> Optional[int]:
+        return self.job._room()
+
+    @hookimpl
+    def sgd_backend_setup(self, worker_group: Any) -> None:
+        self.job._placed(worker_group)
+
+    @hookimpl
+    def sgd_backend_handle_failure(self, error: BaseException) -> None:
+        self.job._failed(error)
 
 
 class ElasticJob:
-    """An elastic Horovod job: Horovod's ``ElasticDriver`` deciding, an sgd ``WorkerGroup`` holding
-    the live workers. What :class:`ElasticRayExecutor` and ``RayExecutor(min_workers=...)`` run on.
+    """An elastic Horovod job as an sgd run under the run controller: a thin adapter.
+
+    Each :meth:`run` is one ``sgd.Trainer(backend=HorovodConfig(...), num_workers=(min_workers,
+    max_workers), max_retries=reset_limit)`` run. The training function's ``hvd.elastic.run``
+    recovers in place (:mod:`sgd_horovod.in_place`): a lost worker's peers go on from the last
+    commit in a re-formed group, and hosts the discovery adds are taken in at a commit. The
+    discovery is the group's room (the ``sgd_elastic_room`` hook); a host whose worker was lost
+    is avoided for ``cooldown_range`` seconds (for good without it); ``reset_limit`` is the
+    controller's count of recoveries (``RunController.attempt``), nothing here counts.
+    What :class:`ElasticRayExecutor` and ``RayExecutor(min_workers=...)`` run on.
 
     :param discovery: Horovod host discovery (``find_available_hosts_and_slots() -> {host: slots}``).
     :param min_workers: fewest workers to train with; fewer available makes the job wait.
     :param max_workers: most workers (``None``: as many as discovered).
-    :param reset_limit: how many resets (size changes) before the job fails (``None``: no limit).
-    :param cooldown_range: ``(min, max)`` seconds a failed host stays blacklisted (``None``: for good).
-    :param elastic_timeout: seconds to wait for ``min_workers`` slots, at start and after a reset.
+    :param reset_limit: how many recoveries before the job fails (``None``: no limit).
+    :param cooldown_range: ``(min, max)`` seconds a failed host stays avoided (``None``: for good).
+    :param elastic_timeout: seconds to wait for ``min_workers`` slots, at start and to place the group.
     :param timeout_s: Gloo timeout, seconds.
     """
 
@@ -241,12 +235,14 @@ class ElasticJob:
         self.verbose, self.key = verbose, key
         self.cpus_per_worker, self.gpus_per_worker = cpus_per_worker, gpus_per_worker
         self.placement_timeout_s = placement_timeout_s
-        self._lock = threading.Lock()  # guards the group: driver threads add and remove workers at once
+        self._checked = _CheckedDiscovery(discovery)
+        self._lock = threading.Lock()  # the controller asks for room while a callback may read the group
         self._group: Optional[WorkerGroup] = None
-        self._driver: Any = None
-        self._checked: Optional[_CheckedDiscovery] = None
+        self._hosts: Dict[str, int] = {}
+        self._avoid: Dict[str, float] = {}  # host -> until (time.monotonic()); math.inf: for good
+        self._slots: Dict[Any, Tuple[str, int]] = {}  # actor id -> (host, slot) of the current run
+        self._names: List[str] = []  # "host[slot]" by rank, of the last (re-)formed group
         self._env: Dict[str, str] = {}
-        self._common_env: Dict[str, str] = {}
         self._executable: Tuple[Any, Sequence, Dict[str, Any]] = (None, (), {})
         self._started = False
 
@@ -255,10 +251,10 @@ class ElasticJob:
     def start(self, executable_cls: Optional[type] = None, executable_args: Optional[Sequence] = None,
               executable_kwargs: Optional[Dict[str, Any]] = None,
               env_vars: Optional[Dict[str, Any]] = None) -> None:
-        """Start the rendezvous server and the driver, and wait until discovery reports at least
-        ``min_workers`` slots. The workers start in :meth:`run`.
+        """Wait until discovery reports at least ``min_workers`` slots. The workers start in :meth:`run`.
 
         :raises ResourcesUnavailableError: (a ``TimeoutError``) fewer slots for ``elastic_timeout`` s.
+        :raises RuntimeError: the discovery failed.
         """
         if self._started:
             raise RuntimeError("this elastic executor is already started; call shutdown() first")
@@ -268,73 +264,31 @@ class ElasticJob:
             raise TypeError(
                 f"extra_env_vars / env_vars must be a dict of names to values, got {type(env_vars).__name__}"
             )
-        require_horovod("horovod.runner.elastic.driver", "on the driver")
-        self._executable = (executable_cls, tuple(executable_args or ()), dict(executable_kwargs or {}))
-        self._env = {str(k): str(v) for k, v in (env_vars or {}).items()}
-        self._driver = self._new_driver()
-        self._started = True
-
-    def _new_driver(self) -> Any:
-        from horovod.runner.common.util import codec, secret
-        from horovod.runner.common.util.timeout import TimeoutException
-        from horovod.runner.elastic.driver import ElasticDriver
-        from horovod.runner.elastic.rendezvous import create_rendezvous_handler
-
-        rendezvous = _Rendezvous(max(0, self.verbose - 1))
-        self._checked = _CheckedDiscovery(self.discovery)
-        driver = ElasticDriver(rendezvous, self._checked, self.min_workers, self.max_workers,
-                               timeout=self.elastic_timeout, reset_limit=self.reset_limit,
-                               cooldown_range=self.cooldown_range, verbose=self.verbose)
-        try:
-            port = rendezvous.start(create_rendezvous_handler(driver))
-            self._common_env = {
-                "HOROVOD_GLOO_RENDEZVOUS_ADDR": ray.util.get_node_ip_address(),
-                "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
-                "HOROVOD_CONTROLLER": "gloo",
-                "HOROVOD_CPU_OPERATIONS": "gloo",
-                "HOROVOD_ELASTIC": "1",
-                "HOROVOD_GLOO_TIMEOUT_SECONDS": str(max(1, int(round(self.timeout_s)))),
-                "PYTHONUNBUFFERED": "1",
-                secret.HOROVOD_SECRET_KEY: codec.dumps_base64(_secret(self.key)),  # type: ignore[attr-defined]
-            }
-            try:
-                driver.wait_for_available_slots(self.min_workers)
-            except TimeoutException as exc:
+        require_horovod("horovod.torch", "on the driver")
+        deadline = time.monotonic() + self.elastic_timeout
+        while sum(self._discover().values()) < self.min_workers:
+            if time.monotonic() >= deadline:
                 raise ResourcesUnavailableError(
                     f"the host discovery did not report {self.min_workers} slots (min_workers) within "
-                    f"elastic_timeout={self.elastic_timeout}s; it reports {self._last_hosts()}. Add hosts, "
+                    f"elastic_timeout={self.elastic_timeout}s; it reports {self._hosts!r}. Add hosts, "
                     "lower min_workers, or raise elastic_timeout."
-                ) from exc
-            except RuntimeError:
-                if self._checked.error is not None:
-                    raise self._discovery_error() from self._checked.error
-                raise
-        except BaseException:
-            driver.stop()
-            raise
-        return driver
+                )
+            time.sleep(POLL_S)
+        self._executable = (executable_cls, tuple(executable_args or ()), dict(executable_kwargs or {}))
+        self._env = {str(k): str(v) for k, v in (env_vars or {}).items()}
+        self._started = True
 
-    def _last_hosts(self) -> str:
+    def _discover(self) -> Dict[str, int]:
+        """Read the discovery (kept as the last hosts seen). A failure is a ``RuntimeError`` naming it."""
         try:
-            return repr(self.discovery.find_available_hosts_and_slots())
+            self._hosts = self._checked.find_available_hosts_and_slots()
         except Exception as exc:
-            return f"an error ({type(exc).__name__}: {exc})"
-
-    def _discovery_error(self) -> RuntimeError:
-        assert self._checked is not None and self._checked.error is not None
-        err = self._checked.error
-        return RuntimeError(f"the host discovery {type(self.discovery).__name__} failed: "
-                            f"{type(err).__name__}: {err}")
+            raise RuntimeError(f"the host discovery {type(self.discovery).__name__} failed: "
+                               f"{type(exc).__name__}: {exc}") from exc
+        return self._hosts
 
     def shutdown(self) -> None:
-        """Stop the driver and any worker still running. Safe to call twice."""
-        driver, self._driver = self._driver, None
-        if driver is not None:
-            driver.stop()
-        with self._lock:
-            group, self._group = self._group, None
-        if group is not None:
-            group.shutdown(patience_s=0)
+        """Forget the start (workers exist only during :meth:`run`). Safe to call twice."""
         self._started = False
 
     @property
@@ -346,158 +300,141 @@ class ElasticJob:
         """The group of the workers alive now (``None`` between runs)."""
         return self._group
 
+    # --- the room, by discovery ---------------------------------------------------------------
+
+    def _usable(self) -> List[Tuple[str, int]]:
+        """The slots ``(host, i)`` of the hosts discovered last that are not avoided now."""
+        now = time.monotonic()
+        return [(host, i) for host, n in self._hosts.items() if self._avoid.get(host, 0) <= now for i in range(n)]
+
+    def _room(self) -> Optional[int]:
+        """How many workers the job may have now (sgd's ``sgd_elastic_room``)."""
+        try:
+            self._discover()
+        except RuntimeError:
+            logger.warning("horovod elastic: host discovery failed; keeping the hosts seen last", exc_info=True)
+        with self._lock:
+            return min(len(self._usable()), self.max_workers or _NO_MAX)
+
+    def _placed(self, group: Any) -> None:
+        """A group was (re-)formed: the hosts of workers that left it are avoided (Horovod's
+        blacklist), and each new worker gets a free slot."""
+        ids = [w._actor_id for w in group.workers]
+        with self._lock:
+            for actor_id in [a for a in self._slots if a not in ids]:
+                self._avoid_host(self._slots.pop(actor_id)[0])
+            free = [slot for slot in self._usable() if slot not in set(self._slots.values())]
+            for actor_id in ids:
+                if actor_id not in self._slots and free:
+                    self._slots[actor_id] = free.pop(0)
+            slots = [self._slots.get(actor_id) for actor_id in ids]
+            self._names = [f"{slot[0]}[{slot[1]}]" if slot else f"rank {rank}" for rank, slot in enumerate(slots)]
+            self._group = group
+
+    def _failed(self, error: BaseException) -> None:
+        """The group is replaced after ``error``: a dead worker's host is avoided, the others' slots freed."""
+        rank = getattr(error, "world_rank", -1)
+        with self._lock:
+            if isinstance(error, WorkerDiedError) and 0 <= rank < len(self._names) and "[" in self._names[rank]:
+                self._avoid_host(self._names[rank].rsplit("[", 1)[0])
+            self._slots.clear()
+
+    def _avoid_host(self, host: str) -> None:
+        until = time.monotonic() + random.uniform(*self.cooldown_range) if self.cooldown_range else math.inf
+        logger.info("horovod elastic: a worker on host %s was lost; avoiding the host %s", host,
+                    "for good" if until == math.inf else f"for {until - time.monotonic():.0f}s")
+        self._avoid[host] = until
+
     # --- running ----------------------------------------------------------------------------
 
     def run(self, fn: Callable[[Any], Any], callbacks: Optional[List[Callable[[Dict[str, Any]], Any]]] = None
             ) -> List[Any]:
         """Run ``fn(executable)`` as an elastic Horovod job until it returns on the workers of the
-        last rendezvous; their return values in rank order.
+        last group; their return values in rank order.
 
         :param callbacks: each gets every dict that a worker sends with ``sgd_horovod.ray_logger.log``.
-        :raises RuntimeError: the job failed (every worker failed, the reset limit was reached,
-            ...): Horovod's message, with the first worker error as its cause.
+        :raises RuntimeError: the job failed (a worker error, the reset limit reached, a host that
+            names no Ray node): Horovod's message, with the worker's error as its cause.
         """
+        import sgd
+        from sgd_horovod.config import HorovodConfig
+
         if not self._started:
             raise RuntimeError("this elastic executor is not started; call start() first")
         if callbacks is not None and (not isinstance(callbacks, (list, tuple)) or not all(map(callable, callbacks))):
             raise TypeError(f"callbacks must be a list of callables (each gets a dict), got {callbacks!r}")
-        driver = self._driver or self._new_driver()  # a driver runs once: a second run gets a new one
-        self._driver = None
+        for host in self._discover():
+            try:
+                node_for_host(host)
+            except ValueError as exc:
+                raise RuntimeError(_job_failed(f"{host}[0]", exc)) from exc
         queue = None
         if callbacks:
             from ray.util.queue import Queue
 
             queue = Queue(actor_options={"num_cpus": 0})
-        run = _Run(fn=fn, queue=queue)
         pump = _CallbackPump(queue, list(callbacks or ()))
+        with self._lock:
+            self._slots, self._names = {}, []
+        trainer = sgd.Trainer(
+            backend=HorovodConfig(nics=list(self.nics) if self.nics else None, verbose=self.verbose, key=self.key,
+                                  timeout_s=self.timeout_s),
+            num_workers=(self.min_workers, self.max_workers or _NO_MAX), use_gpu=bool(self.gpus_per_worker),
+            resources_per_worker={"CPU": self.cpus_per_worker, "GPU": self.gpus_per_worker},
+            max_retries=-1 if self.reset_limit is None else self.reset_limit,
+            placement_timeout_s=self.placement_timeout_s or self.elastic_timeout, plugins=[_DiscoveredRoom(self)],
+        )
         pump.start()
         try:
-            driver.start(self.min_workers, lambda slot, events: self._worker_loop(driver, run, slot, events))
-            results = driver.get_results()
-        finally:
-            driver.stop()
-            pump.stop()
-            self._retire_all(run)
-            if queue is not None:
-                queue.shutdown()
-        if self._checked is not None and self._checked.error is not None and not run.values:
-            raise self._discovery_error() from self._checked.error
-        if results.error_message is not None:
-            raise RuntimeError(results.error_message) from _first(run.errors)
-        failed = sorted(((name, v) for name, v in results.worker_results.items() if v[0] != 0),
-                        key=lambda item: item[1][1])
-        if failed:
-            name = failed[0][0]
-            cause = run.errors.get(name) or _first(run.errors)
-            # A RayTaskError's own text is the whole remote traceback: name the user's error here,
-            # the traceback stays in the cause.
-            original = getattr(cause, "cause", None) or cause
-            detail = f" ({type(original).__name__}: {original})" if original is not None else ""
-            raise RuntimeError(
-                "Horovod detected that one or more processes exited with non-zero status, thus causing the job "
-                f"to be terminated. The first process to do so was: {name}{detail}"
-            ) from cause
-        pump.raise_error()
-        return [value for _, value in sorted(run.values, key=lambda kv: kv[0])]
-
-    def _worker_loop(self, driver: Any, run: _Run, slot: Any, events: Sequence[threading.Event]) -> Tuple[int, float]:
-        """One slot's worker, from start to end, in a driver thread; Horovod's exit code."""
-        name = f"{slot.hostname}[{slot.local_rank}]"
-        actor = None
-        try:
-            actor = self._spawn(run, slot)
-            ref = actor.execute.remote(run.fn)
-            while True:
-                done, _ = ray.wait([ref], timeout=POLL_S)
-                if done:
-                    value = ray.get(ref)
-                    now = driver.get_slot_info(slot.hostname, slot.local_rank)
-                    with run.lock:
-                        run.values.append((now.rank if now.rank >= 0 else slot.rank, value))
-                        run.finished.append(actor)
-                    actor = None  # kept until the run ends: its peers may still be finishing
-                    return 0, time.time()
-                if any(event.is_set() for event in events):  # the job stopped, or this host left
-                    return 1, time.time()
+            trainer.start()
+            values = trainer.run(_on_worker(fn, queue, self._executable, self._env))
         except Exception as exc:
-            if not any(event.is_set() for event in events):
-                original = getattr(exc, "cause", None) or exc
-                logger.warning("horovod elastic: worker %s failed: %s: %s", name, type(original).__name__, original)
-            with run.lock:
-                run.errors.setdefault(name, exc)
-            return 1, time.time()
+            rank = getattr(exc, "world_rank", getattr(exc.__cause__, "world_rank", 0))
+            names = self._names
+            name = names[rank] if isinstance(rank, int) and 0 <= rank < len(names) else f"rank {rank}"
+            raise RuntimeError(_job_failed(name, exc)) from exc
         finally:
-            if actor is not None:
-                self._retire(actor)
-
-    def _spawn(self, run: _Run, slot: Any) -> Any:
-        node_id = node_for_host(slot.hostname)
-        from sgd_horovod.executor import HorovodWorker
-
-        with self._lock:
-            if self._group is None:
-                self._group = WorkerGroup(
-                    num_workers=1, num_cpus_per_worker=self.cpus_per_worker,
-                    num_gpus_per_worker=self.gpus_per_worker, actor_cls=HorovodWorker, node_id=node_id,
-                    placement_timeout_s=self.placement_timeout_s,
-                )
-            else:
-                self._group.add_workers(1, node_id=node_id)
-            group = self._group
-            actor = group.workers[-1]
-            probe = group.execute_single_async(len(group) - 1, _probe)
-        with run.lock:
-            run.spawned += 1
-        try:
-            info = ray.get(probe)
-            where = f"worker {slot.hostname}[{slot.local_rank}] (node IP {info['node_ip']})"
-            if "horovod_error" in info:
-                raise ImportError(f"{where} cannot import horovod.torch: {info['horovod_error']}")
-            if not info["horovod"]["gloo"]:
-                raise RuntimeError(f"Horovod on {where} was built without Gloo; sgd runs Horovod over Gloo")
-            iface = choose_interfaces([info], self.nics, single_node=False)[0]
-            slot_env = Slot(hostname=slot.hostname, rank=slot.rank, local_rank=slot.local_rank,
-                            cross_rank=slot.cross_rank, size=slot.size, local_size=slot.local_size,
-                            cross_size=slot.cross_size).env()
-            env = {**self._common_env, **self._env, **slot_env}
-            if iface is not None:
-                env["HOROVOD_GLOO_IFACE"] = env["NCCL_SOCKET_IFNAME"] = iface
-            cls, args, kwargs = self._executable
-            ray.get([actor.update_env_vars.remote(env), actor.set_queue.remote(run.queue)])
-            ray.get(actor.start_executable.remote(cls, args, kwargs))
-        except BaseException:
-            self._retire(actor)
-            raise
-        return actor
-
-    def _retire(self, actor: Any) -> None:
-        """Stop ``actor`` and take it out of the group (the group ends with its last worker)."""
-        with self._lock:
-            group = self._group
-            index = None
-            if group is not None:
-                index = next((i for i, w in enumerate(group.workers) if w._actor_id == actor._actor_id), None)
-            if index is None:
-                ray.kill(actor, no_restart=True)
-            elif len(group) == 1:  # type: ignore[arg-type]
-                group.shutdown(patience_s=0)  # type: ignore[union-attr]
+            try:
+                trainer.shutdown()
+            finally:
                 self._group = None
-            else:
-                group.remove_workers([index])  # type: ignore[union-attr]
-
-    def _retire_all(self, run: _Run) -> None:
-        with run.lock:
-            finished, run.finished = run.finished, []
-        for actor in finished:
-            self._retire(actor)
-        with self._lock:
-            group, self._group = self._group, None
-        if group is not None:  # workers whose threads have not noticed the end yet
-            group.shutdown(patience_s=0)
+                pump.stop()
+                if queue is not None:
+                    queue.shutdown()
+        pump.raise_error()
+        return list(values)
 
 
-def _first(errors: Dict[str, BaseException]) -> Optional[BaseException]:
-    return next(iter(errors.values()), None)
+def _job_failed(name: str, error: BaseException) -> str:
+    return ("Horovod detected that one or more processes exited with non-zero status, thus causing the job "
+            f"to be terminated. The first process to do so was: {name} ({type(error).__name__}: {error})")
+
+
+#: The executable of ``start(executable_cls=...)`` on this worker process, per job start.
+_EXECUTABLES: Dict[str, Any] = {}
+
+
+def _on_worker(fn: Callable[[Any], Any], queue: Any, executable: Tuple[Any, Sequence, Dict[str, Any]],
+               env: Dict[str, str]) -> Callable[[], Any]:
+    """The training function sgd runs: the job's environment, ``ray_logger`` sending to the
+    callbacks' queue, and the executable (made once per process, after the environment is set)."""
+    token = uuid.uuid4().hex
+
+    def train_func() -> Any:
+        import os
+
+        from sgd_horovod import in_place, ray_logger
+
+        os.environ.update(env)
+        in_place.keep_before_host_check()
+        ray_logger.configure(queue)
+        cls, args, kwargs = executable
+        if token not in _EXECUTABLES:
+            _EXECUTABLES.clear()
+            _EXECUTABLES[token] = cls(*args, **kwargs) if cls is not None else None
+        return fn(_EXECUTABLES[token])
+
+    return train_func
 
 
 class _CallbackPump:

@@ -131,12 +131,12 @@ class RayExecutor:
     enclosing placement group, such as a Tune trial's).
     Elastic, as in Horovod (keyword-only): ``min_workers`` (instead of ``num_workers``),
     ``max_workers``, ``reset_limit``, ``cooldown_range`` (``(min, max)`` seconds a failed host
-    stays blacklisted), ``elastic_timeout`` (seconds to wait for ``min_workers`` slots) and
+    is avoided), ``elastic_timeout`` (seconds to wait for ``min_workers`` slots) and
     ``override_discovery`` (``True``: ``settings.discovery`` becomes a
-    :class:`~sgd_horovod.RayHostDiscovery` of these sizes). Then Horovod's ``ElasticDriver``
-    runs the job over ``hvd.elastic`` on workers that come and go (see
-    :mod:`sgd_horovod.elastic`); ``run``/``execute`` return the final workers' values and call
-    ``callbacks`` with every :func:`sgd_horovod.ray_logger.log` dict.
+    :class:`~sgd_horovod.RayHostDiscovery` of these sizes). Then each run is an sgd run under
+    the run controller, recovering in place with ``hvd.elastic`` (see :mod:`sgd_horovod.elastic`);
+    ``run``/``execute`` return the final workers' values and call ``callbacks`` with every
+    :func:`sgd_horovod.ray_logger.log` dict.
     """
 
     @classmethod

@@ -10,8 +10,7 @@ What maps to what, on each worker (the backend installs it, :func:`install`):
   ``state.sync()``, the function, and on ``HorovodInternalError`` (a peer died) or
   ``HostsUpdatedInterrupt`` (the group re-forms to take in new workers) back to the last commit,
   ``hvd.shutdown()``, sgd's reset barrier, ``hvd.init()`` in the re-formed group,
-  ``state.on_reset()``, and round again. Outside an sgd run (``ElasticJob``'s workers, plain
-  Horovod) it is Horovod's own.
+  ``state.on_reset()``, and round again. Outside an sgd run (plain Horovod) it is Horovod's own.
 - ``state.commit()``: when the driver asked the group to re-form (new workers wait), every rank
   raises ``HostsUpdatedInterrupt`` at the same commit (Horovod's own notification, synced from
   rank 0), *before* keeping anything, so the step is redone in the new group and its report is
@@ -47,6 +46,21 @@ F = TypeVar("F", bound=Callable[..., Any])
 _CONTEXT_SOCKETS = OpenedSockets()
 #: Horovod's own ``hvd.elastic.run``, for runs that are not sgd's.
 _HOROVOD_RUN: Optional[Callable[[Any], Any]] = None
+#: Whether ``state.commit()`` keeps the state before it checks for a host update (Horovod's order).
+_KEEP_FIRST = False
+
+
+def keep_before_host_check(enabled: bool = True) -> None:
+    """On this worker, make ``state.commit()`` keep the state *before* it checks for a host
+    update, as Horovod's own does (``ElasticJob`` sets it: its workers send ``ray_logger``
+    dicts, not ``sgd.report`` calls keyed by commits). A peer lost during the check then leaves
+    every survivor at this commit, not the one before.
+
+    :param enabled: ``False`` gives back sgd's order (check first, so that the step at which
+        new workers arrive is redone in the new group and its report is sent once).
+    """
+    global _KEEP_FIRST
+    _KEEP_FIRST = bool(enabled)
 
 
 def install() -> None:
@@ -162,13 +176,18 @@ def _commit_for(link: Any, state: Any) -> Callable[[], None]:
     from horovod.runner.elastic.worker import HostUpdateResult
 
     def commit() -> None:
+        keep_first = _KEEP_FIRST
+        if keep_first:
+            state.save()
+            link.committed()
         if link.requested:
             state.on_hosts_updated(time.time(), HostUpdateResult.mixed)
         state.check_host_updates()  # a broadcast of rank 0's view: every rank raises, or none
-        state.save()
-        link.committed()
+        if not keep_first:
+            state.save()
+            link.committed()
 
     return commit
 
 
-__all__ = ["install", "run"]
+__all__ = ["install", "keep_before_host_check", "run"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Dict, Optional, Set
+from typing import Any, Dict, Optional, Set
 
 from sgd._common.nodes import NodeInfo, NodeWatch
 from sgd._common.scaling import fitting_workers
@@ -37,7 +37,14 @@ class _Placing:
     nodes: NodeWatch
     worker_group: Optional[WorkerGroup]
     backend: Optional[Backend]
+    hook: Any
     _actor_cls: tuple
+
+    def _supplied_room(self, fitting: int) -> int:
+        """``fitting`` capped by the room a plugin supplies (``sgd_elastic_room``), if any."""
+        supplied = self.hook.sgd_elastic_room(worker_group=self.worker_group,
+                                              resources_per_worker=dict(self.resources_per_worker))
+        return fitting if supplied is None else min(fitting, int(supplied))
 
     def _size(self, room: int) -> int:
         """The size to (re)start with when ``room`` workers fit, within [min, max]."""
@@ -62,7 +69,7 @@ class _Placing:
         deadline = time.monotonic() + (timeout if timeout is not None else placement_timeout_s())
         while True:
             if count is None:
-                count = fitting_workers(self.resources_per_worker, None, avoid)
+                count = self._supplied_room(fitting_workers(self.resources_per_worker, None, avoid))
             self.num_workers = self._size(count)
             logger.info("elastic: starting %d workers (min %d, max %d)", self.num_workers,
                         self.min_workers, self.max_workers)
@@ -111,4 +118,4 @@ class _Placing:
                 ours[meta.node_id] = ours.get(meta.node_id, 0) + 1
         # The reservations of workers a re-formed group left (sgd.elastic): room of its own.
         spare = len(wg.usable_spare()) if wg is not None and wg._spare else 0
-        return fitting_workers(self.resources_per_worker, ours, avoid) + spare
+        return self._supplied_room(fitting_workers(self.resources_per_worker, ours, avoid) + spare)
