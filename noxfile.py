@@ -60,13 +60,14 @@ def _install(session: nox.Session, *extra: str) -> None:
     session.install(*CONSTRAINTS, *[arg for p in PACKAGES for arg in ("-e", p)], *extra)
 
 
-#: The whole suite runs on this many pytest-xdist workers, each with its own local Ray cluster
-#: (``SGD_TEST_WORKERS``, default 3; 0 runs it in this process). Much of a test's time is spent
-#: waiting (for a deadline, a process start, a peer), so three share two cores well. One test
-#: file stays on one worker (its module-scoped fixtures are made once) and the tests on the
-#: three-host fixture share one worker (docs/contributing.md).
-WHOLE_SUITE = ["-n", os.environ.get("SGD_TEST_WORKERS", "3"), "--dist", "loadgroup", "--no-loadscope-reorder",
-               "packages", "tests"]
+#: ``SGD_TEST_WORKERS=N`` (N > 0) runs the whole suite on N pytest-xdist workers, each with its
+#: own local Ray cluster; one test file stays on one worker (its module-scoped fixtures are made
+#: once) and the tests on the three-host fixture share one worker (docs/contributing.md). The
+#: default, 0, runs it in one process: on 3 workers six tests still fail on a loaded 2-core
+#: machine (their timing), which CI must not hope past.
+_WORKERS = os.environ.get("SGD_TEST_WORKERS", "0")
+WHOLE_SUITE = (["-n", _WORKERS, "--dist", "loadgroup", "--no-loadscope-reorder"] if _WORKERS not in ("", "0") else []) \
+    + ["packages", "tests"]
 
 
 @nox.session(python=PYTHON)

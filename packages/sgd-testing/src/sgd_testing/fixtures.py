@@ -203,7 +203,7 @@ HOST_FIXTURES = frozenset({"host_cluster", "hosts"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
-    if config.pluginmanager.hasplugin("xdist"):
+    if config.pluginmanager.hasplugin("xdist") and getattr(config.option, "numprocesses", None):
         _group_for_xdist(items)
     try:
         import torch
