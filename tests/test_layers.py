@@ -148,7 +148,7 @@ def test_the_cycle_check_finds_a_circle():
 def test_the_launcher_sits_above_the_trainer():
     graph = _core_graph()
     assert "sgd.trainer" in graph["sgd.launcher"]
-    below = {m for m in graph if m.startswith(("sgd._internal", "sgd.trainer"))} | {"sgd.worker_group"}
+    below = {m for m in graph if m.startswith(("sgd.storage", "sgd.trainer"))} | {"sgd.worker_group"}
     assert {"sgd.trainer", "sgd.trainer.trainer"} <= below
     assert not any(m.startswith("sgd.launcher") for b in below for m in graph[b])
 

@@ -21,9 +21,9 @@ from sgd.checkpoint import (
     UntrustedCheckpointError,
     write_dict_dir,
 )
-from sgd.checkpoint.manager import CheckpointManager
 from sgd.codecs import Codec, save_safe
 from sgd.plugins import get_plugin_manager
+from sgd.storage.manager import CheckpointManager
 
 
 class _Evil:

@@ -13,8 +13,8 @@ import pytest
 import sgd
 from sgd.checkpoint import METADATA_FILE
 from sgd.checkpoint.integrity import checkpoint_dirs
-from sgd.checkpoint.manager import CheckpointManager
 from sgd.plugins import get_plugin_manager
+from sgd.storage.manager import CheckpointManager
 
 # --- CheckpointStrategy ---------------------------------------------------------------
 
@@ -149,7 +149,7 @@ def test_crash_while_writing_leaves_no_half_checkpoint(tmp_path):
     script = textwrap.dedent(f"""
         from pathlib import Path
         import sgd, slowcodec
-        from sgd.checkpoint.manager import CheckpointManager
+        from sgd.storage.manager import CheckpointManager
         from sgd.plugins import get_plugin_manager
         get_plugin_manager().register(slowcodec)
         m = CheckpointManager(Path({str(tmp_path)!r}) / "checkpoints", sgd.CheckpointStrategy(), "slowcodec")
@@ -180,7 +180,7 @@ def test_full_disk_gives_a_clear_error_and_loses_nothing(tmp_path):
         import resource, signal
         from pathlib import Path
         import sgd
-        from sgd.checkpoint.manager import CheckpointManager
+        from sgd.storage.manager import CheckpointManager
         m = CheckpointManager(Path({str(tmp_path)!r}) / "checkpoints", sgd.CheckpointStrategy(), "sgd._internal.codec")
         m.register({{"small": 1}}, iteration=1)
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG

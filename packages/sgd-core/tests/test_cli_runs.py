@@ -154,7 +154,7 @@ def test_a_status_write_cut_short_keeps_the_previous_status(tmp_path, monkeypatc
     """A driver killed while it writes status.json (forced here: the rename never happens)
     leaves the previous status, not an unreadable file."""
     from sgd import runs
-    from sgd._internal import run_dir
+    from sgd.storage import run_dir
 
     run = run_dir.RunDirectory.create(tmp_path / "run_001")
     assert runs.run_status(run.path) == "RUNNING"

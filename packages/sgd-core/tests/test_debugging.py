@@ -171,7 +171,7 @@ def test_ctrl_c_while_a_checkpoint_is_written_leaves_the_previous_one_the_latest
     raises KeyboardInterrupt): nothing of it stays, checkpoint 1 is the latest, the trainer goes on."""
     import json
 
-    import sgd.checkpoint.manager as manager
+    import sgd.storage.manager as manager
 
     real, calls = manager._fsync_dir, []
 

@@ -415,7 +415,7 @@ def test_codec_and_storage_lookups_see_a_per_trainer_plugin(fresh_plugins, tmp_p
 
 
 def test_the_checkpoint_manager_writes_and_mirrors_through_the_trainers_plugins(fresh_plugins, tmp_path):
-    from sgd.checkpoint.manager import CheckpointManager
+    from sgd.storage.manager import CheckpointManager
 
     mine = _TrainerPlugin()
     trainer = sgd.Trainer(backend="base", plugins=[mine])

@@ -1,8 +1,8 @@
 """Helpers for plugin authors and embedding libraries: what sgd's own trainers use to
 start Ray, bind a training function to its config and check worker counts and resources.
 
-These are public (plugins must not import ``sgd._internal``): sgd-tune, the Hugging Face
-trainers and ``sgd run`` use them.
+These are public (plugins must not import ``sgd.storage`` or ``sgd._common``): sgd-tune, the
+Hugging Face trainers and ``sgd run`` use them.
 """
 
 from __future__ import annotations

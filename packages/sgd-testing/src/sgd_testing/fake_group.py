@@ -278,8 +278,8 @@ def fake_trainer_run(group: FakeGroup, logdir: Path, max_retries: int = 0, hang_
     the run (:class:`sgd.run.controller.ActiveRun`): iterate ``run.next()`` until ``None``,
     read ``run.transitions`` / ``run.history``, ``run.returns``."""
     from sgd.checkpoint import CheckpointStrategy
-    from sgd.checkpoint.manager import CheckpointManager
     from sgd.run.controller import RunController, new_run_spec
+    from sgd.storage.manager import CheckpointManager
 
     if controller is None:
         controller = RunController(group, max_retries, hang_timeout_s=hang_timeout_s)

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Type, Union
 
 from sgd._common.public import public_module
-from sgd._internal import saved_trainer
 from sgd.air.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from sgd.air.preprocessing import fit_preprocessor, is_preprocessor, needs_fit
 from sgd.air.result import Result
@@ -26,6 +25,7 @@ from sgd.checkpoint import Checkpoint
 from sgd.checkpoint.storage import is_uri
 from sgd.data import DatasetConfig
 from sgd.plugins import get_plugin_manager
+from sgd.storage import saved_trainer
 from sgd.trainer import Trainer
 from sgd.utils import results_root, wrap_train_func
 

@@ -1,4 +1,4 @@
-"""The AIR trainer's side of ``air_trainer.json`` (written by :mod:`sgd._internal.saved_trainer`):
+"""The AIR trainer's side of ``air_trainer.json`` (written by :mod:`sgd.storage.saved_trainer`):
 the config classes the file may name, backend configs kept by their registered name, and the
 trainer classes ``restore()`` may find there."""
 

@@ -1,4 +1,4 @@
-"""Checkpoints, in one package: the format, integrity checks, storage, retention.
+"""Checkpoints: the format, integrity checks, storage URIs.
 
 - :mod:`sgd.checkpoint.format`: :class:`Checkpoint` (a directory or a dict),
   :class:`CheckpointStrategy` (what to keep), the on-disk layout and its metadata.
@@ -6,9 +6,9 @@
   same module under its older public name).
 - :mod:`sgd.checkpoint.integrity`: digests, confinement to the directory, disk-full errors.
 - :mod:`sgd.checkpoint.storage`: local paths and URIs (the ``sgd_checkpoint_storage`` hook).
-- :mod:`sgd.checkpoint.manager`: the driver's :class:`~sgd.checkpoint.manager.CheckpointManager`,
-  which registers the checkpoints workers send or write, commits them atomically, keeps the
-  top K and mirrors them to a storage URI.
+- The driver's ``CheckpointManager`` (registering what workers write into the run's checkpoint
+  folder, committing, keeping the top K, mirroring) is :mod:`sgd.storage.manager`;
+  ``sgd.checkpoint.manager`` is its deprecated old name.
 
 This module only re-exports the public names.
 """

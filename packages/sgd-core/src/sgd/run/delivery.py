@@ -1,7 +1,7 @@
 """One run's rounds on their way out: persisted, checkpoints registered, handed to the hooks.
 
 :class:`Delivery` is the run controller's (:mod:`sgd.run.controller`) one place where a round
-meets the run directory and the :class:`~sgd.checkpoint.manager.CheckpointManager`. Every report
+meets the run directory and the :class:`~sgd.storage.manager.CheckpointManager`. Every report
 is written to ``results.jsonl`` once (a round replayed after a restart is recognised by its
 iteration and dropped), and every checkpoint is filed under the report it goes with.
 """
@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from sgd._common.protocol import DirectCheckpoint, Round, detailed_metrics_enabled
-from sgd._internal.run_dir import RunDirectory
 from sgd.checkpoint import METADATA_FILE
-from sgd.checkpoint.manager import CheckpointManager
+from sgd.storage.manager import CheckpointManager
+from sgd.storage.run_dir import RunDirectory
 
 logger = logging.getLogger("sgd")
 

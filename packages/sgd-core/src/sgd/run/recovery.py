@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Protocol
 
 from sgd._common.nodes import NodeInfo
 from sgd._common.protocol import DirectWrite
-from sgd.checkpoint.manager import CheckpointManager
 from sgd.errors import ResourcesUnavailableError, TrainingFailedError
 from sgd.group.protocol import RunGroup, RunRequest
 from sgd.group.status import Barrier
@@ -19,6 +18,7 @@ from sgd.run.delivery import Delivery
 from sgd.run.policies import Failure, FailurePolicy, Raise, Resize
 from sgd.run.spec import RunSpec
 from sgd.run.states import Failing, Reforming, Restarting, Running, State
+from sgd.storage.manager import CheckpointManager
 
 
 class _Controller(Protocol):

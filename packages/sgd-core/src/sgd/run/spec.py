@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
-from sgd._internal.run_dir import RunDirectory
 from sgd.callbacks import TrainingCallback
 from sgd.checkpoint import CheckpointStrategy
-from sgd.checkpoint.manager import CheckpointManager
 from sgd.data import DatasetConfig
+from sgd.storage.manager import CheckpointManager
+from sgd.storage.run_dir import RunDirectory
 
 
 @dataclass

@@ -8,10 +8,10 @@ import re
 from pathlib import Path
 from typing import Any, Optional, Tuple
 
-from sgd._internal.run_dir import RunDirectory
 from sgd.checkpoint import CheckpointStrategy
-from sgd.checkpoint.manager import CheckpointManager
 from sgd.plugins import PluginManager
+from sgd.storage.manager import CheckpointManager
+from sgd.storage.run_dir import RunDirectory
 
 _RUN_DIR = re.compile(r"^run_(\d{3,})$")
 

@@ -10,18 +10,18 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from sgd import plugins as plugin_registry
 from sgd._common.public import public_module
-from sgd._internal.run_dir import RunDirectory
 from sgd.backend import BackendConfig
 from sgd.callbacks import TrainingCallback
 from sgd.checkpoint import Checkpoint
 from sgd.checkpoint.format import SHARDED_KEY, is_sharded
-from sgd.checkpoint.manager import CheckpointManager
 from sgd.checkpoint.preprocessor import encode_preprocessor
 from sgd.checkpoint.storage import is_uri, storage_for
 from sgd.data import DatasetConfig
 from sgd.group.in_process import check_local
 from sgd.plugins import PluginManager, plugin_manager_for
 from sgd.run.controller import RunController, RunSpec
+from sgd.storage.manager import CheckpointManager
+from sgd.storage.run_dir import RunDirectory
 from sgd.trainer.arguments import (
     backend_config_of,
     check_dataset_config,

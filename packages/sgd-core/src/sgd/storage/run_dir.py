@@ -3,7 +3,7 @@
 - ``trainer.json``: the trainer's settings (for :meth:`sgd.Trainer.restore`);
 - ``results.jsonl``: one JSON line per delivered report round (a list of per-worker dicts),
   flushed as it arrives; values JSON cannot hold are written as strings;
-- ``checkpoints/checkpoint_NNNNNN/``: see :mod:`sgd.checkpoint.manager`;
+- ``checkpoints/checkpoint_NNNNNN/``: see :mod:`sgd.storage.manager`;
 - ``status.json``: ``RUNNING``, ``FINISHED``, ``ERRORED``, ``INTERRUPTED`` (Ctrl-C in the driver)
   or ``STOPPED`` (ended early on purpose: :meth:`sgd.TrainingIterator.stop`, a Tune scheduler).
 """
@@ -18,7 +18,7 @@ from typing import IO, Any, Dict, Optional, Tuple
 from sgd.checkpoint import newest_loadable
 from sgd.checkpoint.integrity import checkpoint_dirs
 from sgd.redact import redact
-from sgd.runs import RESULTS_FILE, SETTINGS_FILE, STATUS_FILE, last_iteration, read_settings
+from sgd.storage.reading import RESULTS_FILE, SETTINGS_FILE, STATUS_FILE, last_iteration, read_settings
 
 
 class RunDirectory:

@@ -1,0 +1,423 @@
+"""Driver side of checkpoints: number them, write them atomically, keep the best K."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from sgd import plugins
+from sgd._common.json_values import finite, json_default
+from sgd._common.protocol import DirectCheckpoint, DirectoryFiles
+from sgd.checkpoint.format import (
+    METADATA_FILE,
+    Checkpoint,
+    CheckpointIntegrityError,
+    CheckpointStrategy,
+    write_dict_dir,
+    write_directory_metadata,
+    write_files,
+)
+from sgd.checkpoint.integrity import complete_digests, is_disk_full
+from sgd.checkpoint.preprocessor import PREPROCESSOR_FILE, PREPROCESSOR_KEY
+from sgd.checkpoint.storage import storage_for
+from sgd.redact import redact
+
+logger = logging.getLogger("sgd")
+
+_PREFIX = "checkpoint_"
+
+
+def checkpoint_dir_name(checkpoint_id: int) -> str:
+    return f"{_PREFIX}{checkpoint_id:06d}"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class _Kept:
+    checkpoint_id: int
+    score: float
+    path: Path
+    iteration: int = 0
+    #: The file digests this driver recorded when it wrote the checkpoint (``None``: found on disk).
+    files: Optional[Dict[str, Any]] = None
+
+
+class CheckpointManager:
+    """Receives rank 0's checkpoint states during a run and persists them.
+
+    :param checkpoint_dir: ``run_dir/checkpoints``.
+    :param strategy: what to keep.
+    :param codec: module that encodes dict checkpoints.
+    :param start_id: the id of the last checkpoint already in ``checkpoint_dir`` (resume).
+    :param mirror: where each kept checkpoint is also copied (``s3://…``, any storage URI).
+    :param hook: the plugin manager (or its ``.hook``) whose codecs and storage it uses: the
+        trainer's own (``trainer.plugin_manager``); by default the process-wide one.
+    """
+
+    def __init__(self, checkpoint_dir: Path, strategy: CheckpointStrategy, codec: str, start_id: int = 0,
+                 mirror: Optional[str] = None, hook: Optional[Any] = None):
+        self.checkpoint_dir = checkpoint_dir
+        #: The hook relay codecs and storage are looked up through (``None``: the process-wide one).
+        self.hook = None if hook is None else getattr(hook, "hook", hook)
+        #: A storage URI (or path) every kept checkpoint is copied to, through the storage hook.
+        self.mirror = mirror.rstrip("/") if mirror else None
+        self.strategy = strategy
+        self.codec = codec
+        #: A preprocessor (encoded by :func:`sgd.checkpoint.preprocessor.encode_preprocessor`) kept
+        #: in every checkpoint written from now on, unless the checkpoint has one already.
+        self.preprocessor: Optional[bytes] = None
+        self.latest_id = start_id
+        self.latest_state: Optional[Dict[str, Any]] = None
+        self.latest_iteration = 0
+        #: The last report the driver delivered: a checkpoint filed under a later report (saved
+        #: before it, "save then report") is not restored from, nor does it push out of the
+        #: retention the newest one that is, until that report is delivered.
+        self.delivered_iteration: Optional[int] = None
+        self._kept: List[_Kept] = []
+        self.remove_temporary()
+        if start_id:
+            self._kept = self._scan()
+
+    def remove_temporary(self) -> None:
+        """Drop temporary folders: writes a crash cut short, never valid. Call it only when
+        no write can be in flight (no workers running)."""
+        for stale in self.checkpoint_dir.glob(".tmp_*"):
+            shutil.rmtree(stale, ignore_errors=True)
+
+    # --- writing -------------------------------------------------------------
+
+    def register(self, state: Dict[str, Any], iteration: int) -> Optional[Path]:
+        """Take rank 0's ``state`` (saved after report ``iteration``); persist it per the strategy.
+
+        :returns: where it was written, or ``None`` if the strategy keeps none.
+        :raises OSError: the write failed (nothing earlier is lost).
+        :raises ValueError: the score attribute is missing or not a number (the
+            checkpoint is written first, so it is not lost).
+        """
+        previous = (self.latest_id, self.latest_state, self.latest_iteration)
+        self.latest_id += 1
+        self.latest_state = state
+        self.latest_iteration = iteration
+        if self.strategy.num_to_keep == 0:
+            return None
+        return self._persist_or_roll_back(previous, state, state, iteration)
+
+    def _score(self, state: Dict[str, Any], iteration: int) -> float:
+        # The recency attributes rank sgd.save_checkpoint states too, which do not hold them
+        # (``_training_iteration`` is the AIR default): the report the checkpoint followed.
+        attr = self.strategy.checkpoint_score_attribute
+        if attr not in state and attr in ("_timestamp", "_training_iteration"):
+            return self.strategy.score({attr: time.time() if attr == "_timestamp" else iteration})
+        return self.strategy.score(state)
+
+    def register_written(self, tmp: Path, score_values: Dict[str, Any], iteration: int) -> Optional[Path]:
+        """Take a checkpoint that the workers wrote themselves into ``tmp`` (a temporary folder
+        in :attr:`checkpoint_dir`: rank 0's whole state, or every rank's shard): give it its
+        number and metadata, rename it into place. Only then is it the latest.
+
+        :raises FileNotFoundError: ``tmp`` is not on this driver's disk (workers on hosts with
+            disks of their own wrote it there); earlier checkpoints stay the latest.
+        """
+        if not tmp.is_dir() or tmp.parent.resolve() != self.checkpoint_dir.resolve():
+            raise FileNotFoundError(
+                f"the workers wrote a checkpoint to {tmp}, which is not a folder of {self.checkpoint_dir} on the "
+                "driver's disk: their hosts have disks of their own. Checkpoints the workers write themselves "
+                "(sharded ones) need a folder the driver and every worker share, such as the run directory on a "
+                "shared filesystem (Trainer(logdir=...)).")
+        previous = (self.latest_id, self.latest_state, self.latest_iteration)
+        self.latest_id += 1
+        self.latest_state = None  # loaded from disk if asked for
+        self.latest_iteration = iteration
+        if self.strategy.num_to_keep == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            return None
+        return self._persist_or_roll_back(previous, None, score_values, iteration, written=tmp)
+
+    def register_reported(self, payloads: List[Any], metrics: Dict[str, Any], iteration: int,
+                          decode: Any = None) -> Optional[Path]:
+        """Take the checkpoint passed with report ``iteration`` (``sgd.report(m, checkpoint=c)``).
+
+        :param payloads: per rank, what its worker sent (``None`` where it passed no checkpoint):
+            a :class:`DirectCheckpoint`, :class:`DirectoryFiles` or an encoded dict state.
+            The lowest rank's is the checkpoint; other ranks' files are added to its
+            directory (sharded checkpoints), a file already there is kept.
+        :param metrics: the report of the lowest rank that passed one: scored by the
+            strategy and stored with the checkpoint.
+        """
+
+        given = [p for p in payloads if p is not None]
+        first, extra = given[0], [p for p in given[1:] if isinstance(p, DirectoryFiles)]
+        previous = (self.latest_id, self.latest_state, self.latest_iteration)
+        self.latest_id += 1
+        self.latest_iteration = iteration
+        self.latest_state = None
+        if self.strategy.num_to_keep == 0:
+            for p in given:
+                if isinstance(p, DirectCheckpoint):
+                    shutil.rmtree(p.path, ignore_errors=True)
+            if not isinstance(first, (DirectCheckpoint, DirectoryFiles)):
+                self.latest_state = decode(first) if decode else first
+            elif isinstance(first, DirectoryFiles):
+                self.latest_state = {"_directory_files": first.files}
+            return None
+        written: Optional[Path] = None
+        state: Optional[Dict[str, Any]] = None
+        if isinstance(first, DirectCheckpoint):
+            written = Path(first.path)
+        elif isinstance(first, DirectoryFiles):
+            written = self._stage_files(first.files)
+        else:
+            state = decode(first) if decode else first
+            self.latest_state = state
+        if extra:
+            if written is None:
+                raise ValueError("a dict checkpoint cannot be merged with other ranks' directory checkpoints; "
+                                 "pass directory checkpoints (Checkpoint.from_directory) on every rank")
+            for p in extra:
+                write_files(p.files, written, overwrite=False)
+        return self._persist_or_roll_back(previous, state, metrics, iteration, written=written, metrics=metrics)
+
+    def _stage_files(self, files: Dict[str, bytes]) -> Path:
+        tmp = self.checkpoint_dir / f".tmp_files_{uuid.uuid4().hex[:12]}"
+        try:
+            tmp.mkdir(parents=True)
+            write_files(files, tmp)
+            write_directory_metadata(tmp)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return tmp
+
+    def _persist_or_roll_back(self, previous: Tuple[int, Any, int], *args: Any, **kwargs: Any) -> Path:
+        """:meth:`_persist`; interrupted (Ctrl-C mid-write), the previous checkpoint stays the
+        latest and the half-written folder goes."""
+        try:
+            return self._persist(*args, **kwargs)
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                self.latest_id, self.latest_state, self.latest_iteration = previous
+            raise
+
+    def _persist(self, state: Optional[Dict[str, Any]], score_values: Dict[str, Any], iteration: int,
+                 written: Optional[Path] = None, metrics: Optional[Dict[str, Any]] = None) -> Path:
+        """Score, write (or finish ``written``), keep, mirror and prune the latest checkpoint.
+        A bad score attribute is raised only after the checkpoint is safely written."""
+        score_error: Optional[ValueError] = None
+        try:
+            score = self._score(score_values, iteration)
+        except ValueError as exc:
+            score, score_error = -math.inf, exc
+        path = self._write(self.latest_id, state, score, iteration, written=written, metrics=metrics)
+        self._kept.append(_Kept(self.latest_id, score, path, iteration, _recorded_files(path)))
+        self._upload(path)
+        self._prune()
+        if score_error is not None:
+            raise score_error
+        return path
+
+    def latest(self) -> Optional[Dict[str, Any]]:
+        """The latest checkpoint's state (read back from disk if rank 0 wrote it directly).
+
+        A kept checkpoint that no longer verifies is skipped with a warning, and the newest
+        one that does is used (:attr:`latest_iteration` then follows it).
+        """
+        if self.latest_state is None and self.latest_id and self._kept:
+            newest = max(self._kept, key=lambda c: c.checkpoint_id)
+            if newest.checkpoint_id == self.latest_id:
+                self._load_newest_verified()
+        return self.latest_state
+
+    def restorable(self) -> Optional[Dict[str, Any]]:
+        """What a restart resumes from: :meth:`latest`, unless it is filed under a report not
+        yet delivered (saved before that report, which the failure cut off); then the newest
+        kept one filed under a delivered report, whose steps after it are redone and reported.
+        :attr:`latest_state` and :attr:`latest_iteration` follow it."""
+        done = self.delivered_iteration
+        if done is None or self.latest_iteration <= done:
+            return self.latest()
+        candidates = [c for c in self._kept if c.iteration <= done]
+        if not candidates:  # none kept on disk (num_to_keep=0): its progress beats a redone report
+            logger.warning("the newest checkpoint goes with report %d, which the failure cut off, and no earlier "
+                           "one is kept: resuming from it; that report is not delivered", self.latest_iteration)
+            return self.latest()
+        logger.info("the newest checkpoint goes with report %d, which the failure cut off; resuming from the one "
+                    "before it and redoing the steps after that", self.latest_iteration)
+        self.latest_state, self.latest_iteration = None, 0
+        self._load_newest_verified(candidates)
+        return self.latest_state
+
+    def _newest_restorable(self) -> Optional[_Kept]:
+        done = self.delivered_iteration
+        candidates = [c for c in self._kept if done is None or c.iteration <= done]
+        return max(candidates, key=lambda c: c.checkpoint_id, default=None)
+
+    def delivered(self, iteration: int) -> None:
+        """Report ``iteration`` was delivered; a checkpoint filed under it is now restorable
+        (and the one it replaces may leave the retention)."""
+        waiting = self.delivered_iteration is not None and self.delivered_iteration < self.latest_iteration
+        self.delivered_iteration = iteration
+        if waiting and iteration >= self.latest_iteration:
+            self._prune()
+
+    def checkpoint_for(self, iteration: int) -> Optional[Path]:
+        """The kept checkpoint filed under report ``iteration`` (the newest, if several), or ``None``."""
+        found = [c for c in self._kept if c.iteration == iteration]
+        return max(found, key=lambda c: c.checkpoint_id).path if found else None
+
+    def _load_newest_verified(self, among: Optional[List[_Kept]] = None) -> None:
+
+        for kept in sorted(self._kept if among is None else among, key=lambda c: c.checkpoint_id, reverse=True):
+            # What this driver wrote in this run is trusted as long as its files are
+            # still the ones it recorded; checkpoints found on disk follow the caller's switch.
+            ours = kept.files is not None and _recorded_files(kept.path) == kept.files
+            try:
+                with plugins.using(self.hook):
+                    state = Checkpoint.from_directory(kept.path, trusted=True if ours else None).to_dict()
+            except (CheckpointIntegrityError, FileNotFoundError) as exc:
+                logger.warning("skipping checkpoint %s, which does not verify: %s", kept.path, exc)
+                continue
+            self.latest_state = state
+            if kept.checkpoint_id != self.latest_id:
+                self.latest_iteration = kept.iteration
+            return
+        raise CheckpointIntegrityError(
+            f"none of the checkpoints kept in {self.checkpoint_dir} verifies, so there is nothing to resume from; "
+            "see the warnings above for each one.")
+
+    def _write(self, checkpoint_id: int, state: Optional[Dict[str, Any]], score: float, iteration: int,
+               written: Optional[Path] = None, metrics: Optional[Dict[str, Any]] = None) -> Path:
+        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        final = self.checkpoint_dir / checkpoint_dir_name(checkpoint_id)
+        tmp = written or self.checkpoint_dir / f".tmp_{final.name}_{uuid.uuid4().hex[:8]}"
+        try:
+            meta = dict(id=checkpoint_id, score=score if math.isfinite(score) else None,
+                        iteration=iteration, timestamp=time.time())
+            if metrics is not None:
+                meta["metrics"] = json_safe(metrics)
+            if written is None:
+                assert state is not None
+                if self.preprocessor is not None and PREPROCESSOR_KEY not in state:
+                    state = {**state, PREPROCESSOR_KEY: self.preprocessor}
+                write_dict_dir(state, tmp, self.codec, extra_meta=meta, hook=self.hook)
+            else:
+                if self.preprocessor is not None:
+                    write_files({PREPROCESSOR_FILE: self.preprocessor}, tmp, overwrite=False)
+                _update_metadata(tmp, meta)
+            _fsync_dir(tmp)
+            if final.exists():  # left by an earlier attempt of a resumed run
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+            _fsync_dir(self.checkpoint_dir)
+        except BaseException as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not isinstance(exc, OSError):
+                raise  # Ctrl-C mid-write: nothing half-written stays
+            reason = "the disk is full" if is_disk_full(exc) else str(exc)
+            raise OSError(
+                exc.errno,
+                f"could not write checkpoint {checkpoint_id} to {final}: {reason}. Earlier checkpoints are intact; "
+                "free space or choose another logdir.",
+            ) from exc
+        return final
+
+    def _prune(self) -> None:
+        k = self.strategy.num_to_keep
+        if k is None or len(self._kept) <= k:
+            return
+        ranked = sorted(self._kept, key=lambda c: (c.score, c.checkpoint_id), reverse=True)
+        keep = {c.checkpoint_id for c in ranked[:k]} | {self.latest_id}
+        restorable = self._newest_restorable()
+        if restorable is not None:
+            keep.add(restorable.checkpoint_id)
+        for c in list(self._kept):
+            if c.checkpoint_id not in keep:
+                shutil.rmtree(c.path, ignore_errors=True)
+                self._kept.remove(c)
+                if self.mirror:
+                    self._mirror_storage().delete_dir(self.mirror_uri(c.path.name))
+
+    # --- mirror ----------------------------------------------------------------------
+
+    def mirror_uri(self, name: str) -> str:
+        assert self.mirror is not None
+        return f"{self.mirror}/{name}"
+
+    def _mirror_storage(self) -> Any:
+
+        assert self.mirror is not None
+        return storage_for(self.mirror, hook=self.hook)
+
+    def _upload(self, path: Path) -> None:
+        """Copy a finished checkpoint to the mirror (synchronously: when ``save_checkpoint``
+        returns, the copy is complete)."""
+        if self.mirror:
+            self._mirror_storage().upload_dir(str(path), self.mirror_uri(path.name))
+
+    # --- reading ----------------------------------------------------------------
+
+    def _scan(self) -> List[_Kept]:
+        kept = []
+        for p in sorted(self.checkpoint_dir.glob(f"{_PREFIX}*")):
+            try:
+                meta = json.loads((p / METADATA_FILE).read_text())
+            except (OSError, ValueError):
+                continue
+            try:
+                score = meta.get("score")
+                kept.append(_Kept(int(meta["id"]), -math.inf if score is None else float(score), p,
+                                  int(meta.get("iteration") or 0)))
+            except (TypeError, ValueError, KeyError):
+                continue  # metadata altered: never ranked, never loaded
+        return kept
+
+    @property
+    def best_path(self) -> Optional[Path]:
+        if not self._kept:
+            return None
+        return max(self._kept, key=lambda c: (c.score, c.checkpoint_id)).path
+
+    @property
+    def kept_ids(self) -> List[int]:
+        return sorted(c.checkpoint_id for c in self._kept)
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` as JSON can hold it (secrets dropped, like results.jsonl)."""
+
+    return json.loads(json.dumps(finite(redact(value)), default=json_default))
+
+
+def _recorded_files(path: Path) -> Optional[Dict[str, Any]]:
+    try:
+        files = json.loads((path / METADATA_FILE).read_text()).get("files")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return files if isinstance(files, dict) else None
+
+
+def _update_metadata(directory: Path, extra: Dict[str, Any]) -> None:
+    """Add ``extra`` to the metadata of a checkpoint written elsewhere, and digests for
+    files merged into it since (other ranks' shards)."""
+    meta_file = directory / METADATA_FILE
+    meta = json.loads(meta_file.read_text())
+    meta.update(extra)
+    complete_digests(directory, meta)
+    with open(meta_file, "w") as f:
+        json.dump(meta, f)
+        f.flush()
+        os.fsync(f.fileno())
