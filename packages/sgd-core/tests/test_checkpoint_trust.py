@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import sgd
+from sgd._common.protocol import CheckpointTarget
 from sgd.checkpoint import (
     METADATA_FILE,
     CheckpointIntegrityError,
@@ -24,6 +25,7 @@ from sgd.checkpoint import (
 from sgd.codecs import Codec, save_safe
 from sgd.plugins import get_plugin_manager
 from sgd.storage.manager import CheckpointManager
+from sgd.storage.staging import stage_state
 
 
 class _Evil:
@@ -273,10 +275,18 @@ def test_restore_with_no_checkpoint_that_verifies_says_so(base_trainer):
         restored.shutdown()
 
 
+def _save(m, state, iteration):
+    """``sgd.save_checkpoint(**state)`` as a worker and the driver do it: the state written into a
+    temporary folder of the run's checkpoint folder, then registered by its path."""
+    target = CheckpointTarget(str(m.checkpoint_dir), m.codec, m.strategy.checkpoint_score_attribute)
+    written = stage_state(target, state, hook=m.hook)
+    return m.register(Path(written.path), written.score_values, iteration)
+
+
 def test_restart_uses_the_newest_kept_checkpoint_that_verifies(tmp_path, caplog):
     m = CheckpointManager(tmp_path / "checkpoints", sgd.CheckpointStrategy(), "sgd")
-    m.register({"step": 1}, iteration=1)
-    newest = m.register({"step": 2}, iteration=2)
+    _save(m, {"step": 1}, 1)
+    newest = _save(m, {"step": 2}, 2)
     _truncate_state(newest)
     m.latest_state = None  # as after a direct write: read back from disk when a restart needs it
     with caplog.at_level(logging.WARNING, logger="sgd"):
@@ -289,7 +299,7 @@ def test_checkpoints_this_run_wrote_load_without_the_opt_in(tmp_path, monkeypatc
     """A restart reloads what this driver wrote (and recorded) itself, pickled or not."""
     monkeypatch.delenv("SGD_TRUST_CHECKPOINTS", raising=False)
     m = CheckpointManager(tmp_path / "checkpoints", sgd.CheckpointStrategy(), "sgd")
-    m.register({"cls": threading.Event}, iteration=1)
+    _save(m, {"cls": threading.Event}, 1)
     m.latest_state = None
     assert m.latest() == {"cls": threading.Event}
 
@@ -334,12 +344,12 @@ def full_disk_codecs():
 def test_injected_enospc_is_the_disk_is_full(tmp_path, full_disk_codecs, codec):
     m = CheckpointManager(tmp_path / "checkpoints", sgd.CheckpointStrategy(), codec)
     m.codec = "sgd"
-    m.register({"step": 1}, iteration=1)
+    _save(m, {"step": 1}, 1)
     m.codec = codec
     with pytest.raises(OSError, match="the disk is full") as info:
-        m.register({"step": 2}, iteration=2)
+        _save(m, {"step": 2}, 2)
     assert info.value.errno == errno.ENOSPC
-    assert "checkpoint_000002" in str(info.value) and "Earlier checkpoints are intact" in str(info.value)
+    assert str(tmp_path / "checkpoints") in str(info.value) and "Earlier checkpoints are intact" in str(info.value)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["checkpoint_000001"]
     assert sgd.Trainer.load_checkpoint_from_path(tmp_path / "checkpoints" / "checkpoint_000001") == {"step": 1}
 
@@ -369,9 +379,9 @@ def test_a_codec_bug_is_not_called_a_full_disk(tmp_path):
 
 def test_a_small_real_disk_fills_with_a_clear_error(small_disk):
     m = CheckpointManager(small_disk / "checkpoints", sgd.CheckpointStrategy(), "sgd")
-    m.register({"w": np.zeros(1000)}, iteration=1)
+    _save(m, {"w": np.zeros(1000)}, 1)
     with pytest.raises(OSError, match="the disk is full") as info:
-        m.register({"w": np.zeros(2_000_000)}, iteration=2)  # 16 MB
+        _save(m, {"w": np.zeros(2_000_000)}, 2)  # 16 MB
     assert str(small_disk / "checkpoints") in str(info.value)
     assert sorted(p.name for p in (small_disk / "checkpoints").iterdir()) == ["checkpoint_000001"]
     assert (sgd.Trainer.load_checkpoint_from_path(small_disk / "checkpoints" / "checkpoint_000001")["w"]

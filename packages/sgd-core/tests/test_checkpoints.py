@@ -11,10 +11,12 @@ from pathlib import Path
 import pytest
 
 import sgd
+from sgd._common.protocol import CheckpointTarget
 from sgd.checkpoint import METADATA_FILE
 from sgd.checkpoint.integrity import checkpoint_dirs
 from sgd.plugins import get_plugin_manager
 from sgd.storage.manager import CheckpointManager
+from sgd.storage.staging import stage_state
 
 # --- CheckpointStrategy ---------------------------------------------------------------
 
@@ -94,6 +96,14 @@ def test_storage_uris_through_the_hook(tmp_path):
 # --- CheckpointManager ---------------------------------------------------------------------
 
 
+def _save(m, state, iteration):
+    """``sgd.save_checkpoint(**state)`` as a worker and the driver do it: the state written into a
+    temporary folder of the run's checkpoint folder, then registered by its path."""
+    target = CheckpointTarget(str(m.checkpoint_dir), m.codec, m.strategy.checkpoint_score_attribute)
+    written = stage_state(target, state, hook=m.hook)
+    return m.register(Path(written.path), written.score_values, iteration)
+
+
 def _manager(tmp_path, **strategy):
     return CheckpointManager(tmp_path / "checkpoints", sgd.CheckpointStrategy(**strategy), "sgd._internal.codec")
 
@@ -101,26 +111,26 @@ def _manager(tmp_path, **strategy):
 def test_keeps_the_k_best_and_the_latest(tmp_path):
     m = _manager(tmp_path, num_to_keep=2, checkpoint_score_attribute="acc")
     for i, acc in enumerate([0.5, 0.9, float("nan"), 0.7, 0.1], start=1):
-        m.register({"acc": acc, "i": i}, iteration=i)
+        _save(m, {"acc": acc, "i": i}, i)
     # Best two are 2 (0.9) and 4 (0.7); 5 is kept because it is the latest.
     assert m.kept_ids == [2, 4, 5]
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
         "checkpoint_000002", "checkpoint_000004", "checkpoint_000005"]
     assert m.best_path.name == "checkpoint_000002"
-    m.register({"acc": 0.2, "i": 6}, iteration=6)
+    _save(m, {"acc": 0.2, "i": 6}, 6)
     assert m.kept_ids == [2, 4, 6]
 
 
 def test_num_to_keep_zero_persists_nothing(tmp_path):
     m = _manager(tmp_path, num_to_keep=0)
-    assert m.register({"a": 1}, iteration=1) is None
+    assert _save(m, {"a": 1}, 1) is None
     assert m.latest_state == {"a": 1} and not (tmp_path / "checkpoints").exists()
 
 
 def test_missing_score_attribute_keeps_the_checkpoint(tmp_path):
     m = _manager(tmp_path, checkpoint_score_attribute="loss")
     with pytest.raises(ValueError, match="'loss' is not in the checkpoint"):
-        m.register({"acc": 1}, iteration=1)
+        _save(m, {"acc": 1}, 1)
     assert sgd.Trainer.load_checkpoint_from_path(tmp_path / "checkpoints" / "checkpoint_000001") == {"acc": 1}
 
 
@@ -150,11 +160,17 @@ def test_crash_while_writing_leaves_no_half_checkpoint(tmp_path):
         from pathlib import Path
         import sgd, slowcodec
         from sgd.storage.manager import CheckpointManager
+        from sgd._common.protocol import CheckpointTarget
+        from sgd.storage.staging import stage_state
+        def _save(m, state, iteration):
+            target = CheckpointTarget(str(m.checkpoint_dir), m.codec, m.strategy.checkpoint_score_attribute)
+            written = stage_state(target, state)
+            return m.register(Path(written.path), written.score_values, iteration)
         from sgd.plugins import get_plugin_manager
         get_plugin_manager().register(slowcodec)
         m = CheckpointManager(Path({str(tmp_path)!r}) / "checkpoints", sgd.CheckpointStrategy(), "slowcodec")
-        m.register({{"step": 1}}, iteration=1)
-        m.register({{"step": 2, "crash": True}}, iteration=2)
+        _save(m, {{"step": 1}}, 1)
+        _save(m, {{"step": 2, "crash": True}}, 2)
     """)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True)
@@ -181,17 +197,23 @@ def test_full_disk_gives_a_clear_error_and_loses_nothing(tmp_path):
         from pathlib import Path
         import sgd
         from sgd.storage.manager import CheckpointManager
+        from sgd._common.protocol import CheckpointTarget
+        from sgd.storage.staging import stage_state
+        def _save(m, state, iteration):
+            target = CheckpointTarget(str(m.checkpoint_dir), m.codec, m.strategy.checkpoint_score_attribute)
+            written = stage_state(target, state)
+            return m.register(Path(written.path), written.score_values, iteration)
         m = CheckpointManager(Path({str(tmp_path)!r}) / "checkpoints", sgd.CheckpointStrategy(), "sgd._internal.codec")
-        m.register({{"small": 1}}, iteration=1)
+        _save(m, {{"small": 1}}, 1)
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG
         resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
         try:
-            m.register({{"big": b"x" * 1_000_000}}, iteration=2)
+            _save(m, {{"big": b"x" * 1_000_000}}, 2)
         except OSError as exc:
             print("ERROR:", exc)
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
-    assert "could not write checkpoint 2" in out and "disk is full" in out and "Earlier checkpoints are intact" in out
+    assert "could not write a checkpoint" in out and "disk is full" in out and "Earlier checkpoints are intact" in out
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["checkpoint_000001"]
     assert sgd.Trainer.load_checkpoint_from_path(tmp_path / "checkpoints" / "checkpoint_000001") == {"small": 1}
 

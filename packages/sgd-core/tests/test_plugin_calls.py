@@ -10,6 +10,7 @@ import json
 import logging
 import sys
 import types
+from pathlib import Path
 
 import pluggy
 import pytest
@@ -415,17 +416,24 @@ def test_codec_and_storage_lookups_see_a_per_trainer_plugin(fresh_plugins, tmp_p
 
 
 def test_the_checkpoint_manager_writes_and_mirrors_through_the_trainers_plugins(fresh_plugins, tmp_path):
+    from sgd._common.protocol import CheckpointTarget
     from sgd.storage.manager import CheckpointManager
+    from sgd.storage.staging import stage_state
 
     mine = _TrainerPlugin()
     trainer = sgd.Trainer(backend="base", plugins=[mine])
     manager = CheckpointManager(tmp_path / "checkpoints", sgd.CheckpointStrategy(), "tagged",
                                 mirror="mine://bucket/run", hook=trainer.plugin_manager)
-    path = manager.register({"step": 1}, iteration=1)
+    target = CheckpointTarget(str(manager.checkpoint_dir), "tagged", "_timestamp")
+    # As a worker in local mode writes it: with the trainer's codecs.
+    written = stage_state(target, {"step": 1}, hook=trainer.plugin_manager.hook)
+    path = manager.register(Path(written.path), {}, 1)
     assert (path / "state.tagged").read_bytes().startswith(b"TAG:")
     assert mine.storage.uploaded == [f"mine://bucket/run/{path.name}"]
+    with plugins.using(trainer.plugin_manager):
+        assert manager.latest() == {"step": 1}
     with pytest.raises(ValueError, match="unknown checkpoint codec 'tagged'"):
-        CheckpointManager(tmp_path / "other", sgd.CheckpointStrategy(), "tagged").register({"step": 1}, 1)
+        stage_state(CheckpointTarget(str(tmp_path / "other"), "tagged", "_timestamp"), {"step": 1})
 
 
 def test_backend_lookup_and_tune_see_a_per_trainer_plugin(fresh_plugins):

@@ -123,16 +123,15 @@ class Backend:
 
     @classmethod
     def encode_checkpoint(cls, state: Any) -> Any:
-        """Turn rank 0's checkpoint state into what travels to the driver (on the worker).
-
-        Checkpoints are large: a backend can pick a transport form Ray moves
-        without copies (numpy arrays); :meth:`decode_checkpoint` undoes it on the driver.
-        """
+        """A transport form of a checkpoint state (on the worker). sgd itself no longer sends
+        checkpoint states: each worker writes its checkpoint (after :meth:`encode_data`) with
+        :attr:`checkpoint_codec` into the run's checkpoint folder and only the folder's path
+        travels (:mod:`sgd.storage.staging`). Kept for backends and callers that use it."""
         return cls.encode_data(state)
 
     @staticmethod
     def decode_checkpoint(state: Any) -> Any:
-        """Undo :meth:`encode_checkpoint` on the driver."""
+        """Undo :meth:`encode_checkpoint` (see there: sgd itself does not call it)."""
         return state
 
 

@@ -28,6 +28,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 from sgd.errors import WorkerDiedError
 from sgd.group.protocol import RunRequest
 from sgd.group.status import HEALTHY, Arrival, Barrier, Health, NodeInfo, Poll, checkpoint_round, report_round
+from sgd.storage.staging import stage_state
 
 
 @dataclass
@@ -209,12 +210,21 @@ class FakeGroup:
             self._progress = [p + 1 for p in self._progress]
             self._last_progress = time.monotonic()
             if kind == "save":
-                return Poll.of_round(checkpoint_round(event[1], self.num_workers))
+                return Poll.of_round(checkpoint_round(self._write(event[1]), self.num_workers))
             _, per_rank, checkpoint = event
             self._iteration += 1
             return Poll.of_round(report_round([dict(m, _training_iteration=self._iteration) for m in per_rank],
-                                              checkpoint))
+                                              None if checkpoint is None else self._write(checkpoint)))
         raise AssertionError("the fake group's script ran out: end it with .finish() (or a failure)")
+
+    def _write(self, state: Dict[str, Any]) -> Any:
+        """Rank 0 writes its checkpoint into the run's checkpoint folder, as a worker does: the
+        round carries the folder's path."""
+        target = self.requests[-1].checkpoint_target if self.requests else None
+        if target is None:
+            raise AssertionError("the fake group's run has no checkpoint folder (begin it with a RunRequest "
+                                 "that has a checkpoint_target, as the run controller does)")
+        return stage_state(target, dict(state), hook=self.hook)
 
     def health(self) -> Health:
         return self.health_now
@@ -262,9 +272,6 @@ class FakeGroup:
         self.calls.append(("stop", {"patience_s": patience_s}))
         self._dirty = False
         return True
-
-    def decode_checkpoint(self, state: Any) -> Any:
-        return state
 
     def shutdown(self) -> None:
         self.calls.append(("shutdown", {}))

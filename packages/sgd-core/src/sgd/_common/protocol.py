@@ -12,9 +12,11 @@ Item kinds:
   autofilled values as one dict under :data:`DETAIL_KEY`, and, once polled, its
   ``results.jsonl`` text under :data:`LINE_KEY` (encoded by the worker: the driver writes a
   round by joining N strings, with no per-value work). Decoding takes the three out.
-- ``CHECKPOINT``: ``sgd.save_checkpoint`` state. Rank 0's is the state (encoded by the
-  backend), a :class:`DirectCheckpoint` or a :class:`DirectoryFiles`; other ranks send
-  ``None`` so the driver can check that every rank took part.
+- ``CHECKPOINT``: ``sgd.save_checkpoint``. Rank 0 sends the :class:`WrittenCheckpoint` it wrote
+  its state into; other ranks send ``None`` so the driver can check that every rank took part.
+
+A checkpoint passed with a report (under :data:`CHECKPOINT_KEY`) is a :class:`WrittenCheckpoint`
+too: whatever the checkpoint (a dict, a directory, a shard), only a path and scores travel.
 """
 
 from __future__ import annotations
@@ -105,32 +107,30 @@ class RemoteError:
     peer_failure: bool = False
 
 
-class DirectCheckpoint:
-    """A checkpoint the workers wrote themselves into the driver's checkpoint folder: only its
-    temporary path and score travel; the driver finalises and renames it. ``pending``: the
-    write goes on in the background (an asynchronous save); the driver commits it once sgd's
-    metadata file appears in it, which the workers write last."""
+class WrittenCheckpoint:
+    """The one thing that travels to the driver for a checkpoint: the temporary folder in the
+    run's checkpoint folder (on the driver's disk) that a worker wrote it into, directly or
+    through the run's file server (:mod:`sgd.storage.staging`), and what the strategy scores
+    it by. The driver checks the path, numbers the folder and renames it into place
+    (:meth:`sgd.storage.manager.CheckpointManager.register`). ``pending``: the write goes on in
+    the background (an asynchronous save); the driver commits it once sgd's metadata file
+    appears in it, which the workers write last."""
 
     __slots__ = ("path", "score_values", "pending")
 
-    def __init__(self, path: str, score_values: Dict[str, Any], pending: bool = False):
+    def __init__(self, path: str, score_values: Optional[Dict[str, Any]] = None, pending: bool = False):
         self.path = path
-        self.score_values = score_values
+        self.score_values = dict(score_values or {})
         self.pending = pending
 
-
-class DirectoryFiles:
-    """A directory checkpoint's files, sent to the driver (a worker not on the driver's node)."""
-
-    __slots__ = ("files",)
-
-    def __init__(self, files: Dict[str, bytes]):
-        self.files = files
+    def __repr__(self) -> str:
+        return f"WrittenCheckpoint({self.path!r}{', pending' if self.pending else ''})"
 
 
 @dataclass
-class DirectWrite:
-    """Where and how rank 0 writes checkpoints itself (see :class:`DirectCheckpoint`)."""
+class CheckpointTarget:
+    """Where a run's workers write their checkpoints (every worker gets it): the run's checkpoint
+    folder as the driver sees it, the codec of dict checkpoints, the attribute scored."""
 
     directory: str
     codec: str
@@ -143,9 +143,10 @@ class Round:
 
     :ivar kind: ``REPORT`` or ``CHECKPOINT``.
     :ivar results: for a report round, one metrics dict per worker (the checkpoint key
-        removed); for a checkpoint round, the raw per-worker payloads.
-    :ivar checkpoints: for a report round, the checkpoint each worker passed with its
-        report (``None`` where it passed none).
+        removed); for a checkpoint round, the per-worker payloads (rank 0's a
+        :class:`WrittenCheckpoint`, the others ``None``).
+    :ivar checkpoints: for a report round, the :class:`WrittenCheckpoint` each worker passed
+        with its report (``None`` where it passed none).
     :ivar lines: for a report round, each report's ``results.jsonl`` text (``None`` where
         the worker sent none: :meth:`json_line` encodes those on the driver).
     :ivar details: for a report round, each report's detailed autofilled values.
@@ -194,7 +195,7 @@ class Round:
 
     @property
     def saved_state(self) -> Any:
-        """Rank 0's payload of a checkpoint round."""
+        """Rank 0's payload of a checkpoint round (a :class:`WrittenCheckpoint`)."""
         return self.results[0]
 
 

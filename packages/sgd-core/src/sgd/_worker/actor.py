@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import ray
 
-from sgd._common.protocol import DirectWrite
+from sgd._common.protocol import CheckpointTarget
 from sgd._worker.rank_logs import RankLog, rank_log_path
 from sgd._worker.resets import Resume
 from sgd._worker.session import STATE, Session, WorkerContext
@@ -122,19 +122,19 @@ class WorkerMixin:
         dataset_shard: Any,
         max_pending: int,
         start_iteration: int = 0,
-        direct_write: Optional[DirectWrite] = None,
+        checkpoint_target: Optional[CheckpointTarget] = None,
         run_info: Optional[Dict[str, Any]] = None,
         preloads: int = 0,
         reforms: bool = False,
         join: Optional[Resume] = None,
         snapshot: Any = None,
     ) -> None:
-        """Start a run: ``user_code`` is ``(train_func, encode, encode_checkpoint, checkpoint)``,
+        """Start a run: ``user_code`` is ``(train_func, encode, checkpoint)``,
         pickled (bytes) while preloads are pending on this worker.
 
         ``reforms``: the backend can re-form the group in place (:mod:`sgd.elastic`); ``join``
         (with the root's ``snapshot``): this worker joins a run that re-formed its group."""
-        train_func, encode, encode_checkpoint, checkpoint = _user_code(user_code, preloads)
+        train_func, encode, checkpoint = _user_code(user_code, preloads)
         previous = STATE.session
         if previous is not None and not previous.finished:
             raise RuntimeError("a training function is still running on this worker")
@@ -143,7 +143,7 @@ class WorkerMixin:
             STATE.context = dataclasses.replace(STATE.context, **run_info)  # type: ignore[arg-type]
         session = Session(
             train_func, STATE.context, encode, checkpoint, dataset_shard, max_pending, start_iteration,
-            encode_checkpoint, direct_write, reforms,
+            checkpoint_target, reforms,
         )
         if join is not None:
             session.resets.joined = (join, snapshot)

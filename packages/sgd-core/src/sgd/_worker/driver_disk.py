@@ -1,8 +1,8 @@
 """How a worker's session reaches the driver's disk: the run directory, its checkpoint folder.
 
 A worker on the driver's host shares its disk; a worker on a host of its own reaches it through
-the run's file server (:mod:`sgd._worker.driver_files`), or, for checkpoints, through a
-filesystem the hosts share.
+the run's file server (:mod:`sgd._worker.driver_files`): its checkpoints too
+(:mod:`sgd.storage.staging`).
 """
 
 from __future__ import annotations
@@ -44,7 +44,10 @@ class _DriverDisk:
     @property
     def checkpoint_dir(self) -> Optional[str]:
         """The run's checkpoint folder (``run_dir/checkpoints``) as the driver sees it, or
-        ``None`` when the run has no directory. A worker on another host reaches it only
-        when the hosts share that filesystem."""
+        ``None`` when the run has no directory. A worker on another host reaches it through
+        :attr:`driver_files`."""
+        target = getattr(self, "checkpoint_target", None)
+        if target is not None:
+            return str(target.directory)
         run_dir = self.context.get_trial_dir()
         return os.path.join(run_dir, "checkpoints") if run_dir else None

@@ -12,8 +12,10 @@ polling again (it polls a worker only after every item it got from that worker
 went through a round).
 
 What a worker is told (:class:`WorkerContext`, :class:`PreemptionInfo`) is defined in
-:mod:`sgd._worker.context`, what travels for a checkpoint in :mod:`sgd._worker.checkpoint_payloads`,
-and how a session reaches the driver's disk in :mod:`sgd._worker.driver_disk`.
+:mod:`sgd._worker.context`, how a checkpoint is written into the run's storage (the only thing
+that travels for it is the path of the folder written) in :mod:`sgd._worker.checkpoint_payloads`
+and :mod:`sgd.storage.staging`, and how a session reaches the driver's disk in
+:mod:`sgd._worker.driver_disk`.
 """
 
 from __future__ import annotations
@@ -33,14 +35,13 @@ from sgd._common.protocol import (
     DETAIL_KEY,
     LINE_KEY,
     REPORT,
-    DirectCheckpoint,
-    DirectWrite,
+    CheckpointTarget,
     RemoteError,
+    WrittenCheckpoint,
     encode_line,
 )
 from sgd._common.run_hooks import run_error_hooks, run_in_contexts
-from sgd._worker.checkpoint_payloads import checkpoint_payload, materialize, write_direct
-from sgd._worker.checkpoint_payloads import read_files as read_files
+from sgd._worker.checkpoint_payloads import materialize, reported_checkpoint, saved_checkpoint
 from sgd._worker.context import PreemptionInfo as PreemptionInfo
 from sgd._worker.context import WorkerContext
 from sgd._worker.driver_disk import _DriverDisk
@@ -81,19 +82,22 @@ class Session(_DriverDisk):
         dataset_shard: Any = None,
         max_pending: int = DEFAULT_MAX_PENDING,
         start_iteration: int = 0,
-        encode_checkpoint: Optional[Callable[[Any], Any]] = None,
-        direct_write: Optional[DirectWrite] = None,
+        checkpoint_target: Optional[CheckpointTarget] = None,
         reforms: bool = False,
+        hook: Optional[Any] = None,
     ):
         self._train_func = train_func
         self.context = context
         self._encode = encode
-        self._encode_checkpoint = encode_checkpoint or encode
-        self._direct_write = direct_write
+        #: where this run's checkpoints are written (``None``: a run without a directory)
+        self.checkpoint_target = checkpoint_target
+        # the plugin hooks whose codecs write checkpoints (local mode: the trainer's own)
+        self._hook = hook
         self.loaded_checkpoint = checkpoint
         #: The ``sgd.Checkpoint`` this worker last passed to ``sgd.report`` (for ``get_checkpoint``).
         self.latest_checkpoint_object: Any = None
         self._materialized: Optional[str] = None
+        self._checkpoint_files: Any = False  # not looked up yet (see _files_for_checkpoints)
         self.dataset_shard = dataset_shard
         self._max_pending = max(1, max_pending)
 
@@ -279,8 +283,8 @@ class Session(_DriverDisk):
             return
         # The checkpoint's content is taken now: the caller may delete its folder
         # as soon as report returns (``with tempfile.TemporaryDirectory()``).
-        data[CHECKPOINT_KEY] = checkpoint_payload(checkpoint, self._direct_write, self.context.world_rank,
-                                                  self._encode, self._encode_checkpoint)
+        data[CHECKPOINT_KEY] = reported_checkpoint(checkpoint, self._target(), self._encode,
+                                                   self._files_for_checkpoints(), self._hook)
         item = _Item(REPORT, data, sync=True)
         self._put(item)
         with self._cv:
@@ -296,9 +300,7 @@ class Session(_DriverDisk):
             return
         data = None
         if self.context.world_rank == 0:
-            data = write_direct(state, self._direct_write, self._encode) if self._direct_write else None
-            if data is None:
-                data = self._encode_checkpoint(dict(state))
+            data = saved_checkpoint(state, self._target(), self._encode, self._files_for_checkpoints(), self._hook)
         item = _Item(CHECKPOINT, data)
         self._put(item)
         with self._cv:
@@ -329,7 +331,7 @@ class Session(_DriverDisk):
         if self.context.world_rank == 0:
             if directory is None:
                 raise ValueError("rank 0 must pass the directory it wrote the checkpoint into")
-            data = DirectCheckpoint(directory, dict(score_values or {}), pending=not wait)
+            data = WrittenCheckpoint(directory, score_values, pending=not wait)
         item = _Item(CHECKPOINT, data)
         self._put(item)
         if wait:
@@ -337,6 +339,18 @@ class Session(_DriverDisk):
                 while not item.acked:
                     self._wait()
         self.latest_checkpoint_object = None
+
+    def _target(self) -> CheckpointTarget:
+        if self.checkpoint_target is None:
+            raise RuntimeError("this run has no checkpoint folder to write a checkpoint into")
+        return self.checkpoint_target
+
+    def _files_for_checkpoints(self) -> Any:
+        """``None`` where this worker writes the run's checkpoint folder directly (the driver's
+        host), else the run's file server that it writes it through."""
+        if self._checkpoint_files is False:
+            self._checkpoint_files = None if self.shares_driver_disk else self.driver_files
+        return self._checkpoint_files
 
     def add_finalizer(self, finalizer: Callable[[], None]) -> None:
         """Run ``finalizer()`` in the training thread after the training function returned,

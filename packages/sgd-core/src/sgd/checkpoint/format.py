@@ -287,11 +287,13 @@ def _write_metadata(directory: Path, meta: Dict[str, Any]) -> None:
         raise
 
 
-def write_directory_metadata(directory: Path, extra_meta: Optional[Dict[str, Any]] = None) -> None:
+def write_directory_metadata(directory: Path, extra_meta: Optional[Dict[str, Any]] = None,
+                             digests: Optional[Dict[str, Dict[str, Any]]] = None) -> None:
     """Mark ``directory`` as a directory checkpoint (its files are the checkpoint, as they are)
-    and record each file's sha256 and size."""
-    _write_metadata(directory, {"format": "directory", "files": integrity.digest_files(directory),
-                                **(extra_meta or {})})
+    and record each file's sha256 and size (``digests``: those of files that lie elsewhere, the
+    metadata written apart and sent after them: see :mod:`sgd.storage.staging`)."""
+    files = integrity.digest_files(directory) if digests is None else digests
+    _write_metadata(directory, {"format": "directory", "files": files, **(extra_meta or {})})
 
 
 def write_sharded_metadata(directory: Path, files: Dict[str, Dict[str, Any]], metadata: Dict[str, Any],

@@ -25,7 +25,6 @@ from typing import Any, Callable, Dict, List, Optional
 import ray
 
 from sgd._common.nodes import NODE_CHECK_INTERVAL_S, NodeInfo, NodeWatch
-from sgd._common.protocol import DirectWrite
 from sgd._worker.session import DEFAULT_MAX_PENDING
 from sgd.backend import Backend, BackendConfig
 from sgd.group.deaths import deaths_as_errors, idle_survivors
@@ -96,11 +95,10 @@ class ActorGroup(_Placing, _InPlace):
         self._inputs = RunInputs()
         self._health = HEALTHY
         self._next_health_check = 0.0
-        # The current run: its request, what its workers are told, rank 0's direct checkpoint
-        # writes, whether the backend can re-form the group in place (sgd.elastic).
+        # The current run: its request, what its workers are told, whether the backend can
+        # re-form the group in place (sgd.elastic).
         self._request: Optional[RunRequest] = None
         self._run_info: Dict[str, Any] = {}
-        self._direct: Optional[DirectWrite] = None
         self._reforms = False
         # Workers started to grow the current in-place run, not yet in the group (slots, actors, metadata).
         self._joining: Optional[tuple] = None
@@ -279,14 +277,11 @@ class ActorGroup(_Placing, _InPlace):
         shards = self._inputs.shards(request, wg)
         driver_node = ray.get_runtime_context().get_node_id()
         run_info: Dict[str, Any] = dict(request.run_info, driver_node_id=driver_node)
+        # Workers on other hosts write the run directory (their checkpoints too) through it.
         run_info["driver_files"] = self._inputs.file_server(request, wg, driver_node)
-        direct: Optional[DirectWrite] = None
-        if request.direct_write is not None and wg.metadata and wg.metadata[0].node_id == driver_node:
-            direct = request.direct_write  # rank 0 shares the driver's disk: it writes checkpoints itself
-            os.makedirs(direct.directory, exist_ok=True)
         with deaths_as_errors(wg, "starting the training function"):
             self.hook.sgd_backend_training_start(**self._hook_kwargs())
-        self._request, self._run_info, self._direct = request, run_info, direct
+        self._request, self._run_info = request, run_info
         self._reforms = self.backend.reforms_in_place(wg, self.backend_config)
         refs = self._start_training(list(range(len(wg))), shards or [None] * len(wg), request.start_iteration)
         # Until the run ends cleanly, assume it did not.
@@ -314,7 +309,7 @@ class ActorGroup(_Placing, _InPlace):
         # Everything that may import a framework when unpickled (the function, the backend's
         # encoders, the checkpoint) travels pickled while a preload is pending on that worker,
         # which unpickles it once the preload finished (issue 18).
-        user_code = (request.train_func, backend_cls.encode_data, backend_cls.encode_checkpoint, request.checkpoint)
+        user_code = (request.train_func, backend_cls.encode_data, request.checkpoint)
         # From PUT_CODE_FROM workers on, sent once rather than once per worker: each form (the
         # code, or its pickle for workers with a preload pending) is put in the object store once
         # and every worker gets a reference (a resumed run's checkpoint is serialised once).
@@ -330,7 +325,7 @@ class ActorGroup(_Placing, _InPlace):
                     put[bool(preloads)] = ray.put(code)
                 code = put[bool(preloads)]
             refs.append(wg.workers[rank]._sgd_start_training.remote(
-                code, shards[rank], self.max_pending, start_iteration, self._direct if rank == 0 else None,
+                code, shards[rank], self.max_pending, start_iteration, request.checkpoint_target,
                 self._run_info, preloads, self._reforms, join, snapshot,
             ))
         return refs
@@ -357,10 +352,6 @@ class ActorGroup(_Placing, _InPlace):
         if self.worker_group is None:
             return ["(no workers are running)\n"]
         return self.worker_group.stacks(timeout_s, include_idle)
-
-    def decode_checkpoint(self, state: Any) -> Any:
-        assert self.backend is not None
-        return self.backend.decode_checkpoint(state)
 
     def end(self, ok: bool, error: Optional[BaseException] = None) -> None:
         """Close a run: on success just forget it; on failure stop every worker at once."""

@@ -75,7 +75,7 @@ class InProcessGroup:
         self._context = STATE.context
         session = Session(request.train_func, context, backend_cls.encode_data, request.checkpoint,
                           shards[0] if shards else None, start_iteration=request.start_iteration,
-                          encode_checkpoint=backend_cls.encode_checkpoint)
+                          checkpoint_target=request.checkpoint_target, hook=self.hook)
         STATE.context, STATE.session = context, session
         self.session = session
         self._items.clear()
@@ -128,9 +128,6 @@ class InProcessGroup:
 
     def stacks(self, timeout_s: float = 10.0, include_idle: bool = False) -> List[str]:
         return [thread_stacks(0, include_idle)]  # this process: the training thread is one of its own
-
-    def decode_checkpoint(self, state: Any) -> Any:
-        return self.backend.decode_checkpoint(state)
 
     def _forget(self) -> None:
         if STATE.session is self.session:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from sgd._common.nodes import NodeInfo
-from sgd._common.protocol import DirectWrite
+from sgd._common.protocol import CheckpointTarget
 from sgd.group.status import Barrier, Health, Poll
 
 try:
@@ -37,8 +37,9 @@ class RunRequest:
     :ivar checkpoint: what ``sgd.get_checkpoint()`` returns on the workers.
     :ivar dataset: the run's dataset(s), split for the group's size by the group.
     :ivar start_iteration: the report the workers' count starts after (a resumed run).
-    :ivar direct_write: where rank 0 may write checkpoints itself when it shares the
-        driver's disk (the group decides whether it does); ``None``: never.
+    :ivar checkpoint_target: the run's checkpoint folder (and codec, score attribute) every
+        worker writes its checkpoints into: directly on the driver's host, through the run's file
+        server from another (:mod:`sgd.storage.staging`).
     :ivar run_info: what ``sgd.get_context()`` tells the workers about the run.
     :ivar writable: folders on the driver a worker on another host may write (the run
         directory); :ivar readable: files or folders it may read (a sharded checkpoint).
@@ -49,7 +50,7 @@ class RunRequest:
     dataset: Any = None
     dataset_config: Any = None
     start_iteration: int = 0
-    direct_write: Optional[DirectWrite] = None
+    checkpoint_target: Optional[CheckpointTarget] = None
     run_info: Dict[str, Any] = field(default_factory=dict)
     writable: Sequence[str] = ()
     readable: Sequence[str] = ()
@@ -124,9 +125,6 @@ class RunGroup(Protocol):
 
     def stop(self, patience_s: float) -> bool:
         """Stop a running function at its next report; whether every worker stopped in time."""
-
-    def decode_checkpoint(self, state: Any) -> Any:
-        """A checkpoint round's payload as the driver keeps it (the backend's decoder)."""
 
     def shutdown(self) -> None:
         """Stop the workers for good and release what they hold."""

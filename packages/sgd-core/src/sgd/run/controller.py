@@ -144,8 +144,7 @@ class ActiveRun(_Recovery):
         self._hook = controller.group.hook
         self._hang_timeout_s = controller.hang_timeout_s
         self._run_info = dict(spec.run_info, callbacks=list(spec.callbacks))
-        self._delivery = Delivery(spec.run_dir, spec.manager, self._group.decode_checkpoint, self._hand_out,
-                                  self._after_checkpoint)
+        self._delivery = Delivery(spec.run_dir, spec.manager, self._hand_out, self._after_checkpoint)
         initial = spec.checkpoint
         self._readable = [initial[SHARDED_KEY]] if isinstance(initial, dict) and SHARDED_KEY in initial else []
         # Between rounds: the drain being acted on, a resize decided after a checkpoint (done

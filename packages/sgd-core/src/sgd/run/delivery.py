@@ -3,17 +3,18 @@
 :class:`Delivery` is the run controller's (:mod:`sgd.run.controller`) one place where a round
 meets the run directory and the :class:`~sgd.storage.manager.CheckpointManager`. Every report
 is written to ``results.jsonl`` once (a round replayed after a restart is recognised by its
-iteration and dropped), and every checkpoint is filed under the report it goes with.
+iteration and dropped), and every checkpoint (always a folder the workers wrote, a
+:class:`~sgd._common.protocol.WrittenCheckpoint`) is registered once, filed under the report it
+goes with.
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from sgd._common.protocol import DirectCheckpoint, Round, detailed_metrics_enabled
+from sgd._common.protocol import Round, WrittenCheckpoint, detailed_metrics_enabled
 from sgd.checkpoint import METADATA_FILE
 from sgd.storage.manager import CheckpointManager
 from sgd.storage.run_dir import RunDirectory
@@ -24,17 +25,15 @@ logger = logging.getLogger("sgd")
 class Delivery:
     """Rounds in, results out, checkpoints committed.
 
-    :param decode: the backend's checkpoint decoder (a checkpoint round's payload to a dict).
     :param hand_out: called with each delivered report round's results (the hooks, then the
         callbacks).
     :param after_checkpoint: called after each committed checkpoint (the scaling policy's moment).
     """
 
-    def __init__(self, run_dir: RunDirectory, manager: CheckpointManager, decode: Callable[[Any], Any],
+    def __init__(self, run_dir: RunDirectory, manager: CheckpointManager,
                  hand_out: Callable[[List[Dict[str, Any]]], None], after_checkpoint: Callable[[], None]):
         self._run_dir = run_dir
         self._manager = manager
-        self._decode = decode
         self._hand_out = hand_out
         self._after_checkpoint = after_checkpoint
         #: the last report delivered (a resumed run starts after its run directory's last line)
@@ -46,7 +45,7 @@ class Delivery:
         self.position = 0
         self._save_then_report: Optional[bool] = None
         #: asynchronously written checkpoints announced, not yet complete: (payload, iteration)
-        self._pending: List[Tuple[DirectCheckpoint, int]] = []
+        self._pending: List[Tuple[WrittenCheckpoint, int]] = []
 
     def restarted(self, start_iteration: int) -> None:
         """New workers start counting after ``start_iteration``; the old ones' background
@@ -61,16 +60,15 @@ class Delivery:
         if self._pending:
             self.commit_pending()
         if round_.is_checkpoint:
-            state = round_.saved_state
-            if isinstance(state, DirectCheckpoint) and state.pending:
+            saved = round_.saved_state
+            if not isinstance(saved, WrittenCheckpoint):
+                raise TypeError(f"rank 0 sent {type(saved).__name__} for a checkpoint, not the folder it wrote")
+            if saved.pending:
                 # Written in the background: committed once its metadata appears (in order).
-                self._pending.append((state, self.file_under()))
+                self._pending.append((saved, self.file_under()))
                 self.commit_pending()
                 return None
-            if isinstance(state, DirectCheckpoint):
-                manager.register_written(Path(state.path), state.score_values, self.file_under())
-            else:
-                manager.register(self._decode(state), self.file_under())
+            manager.register(Path(saved.path), saved.score_values, self.file_under())
             self._after_checkpoint()
             return None
         iteration = round_.iteration
@@ -78,7 +76,7 @@ class Delivery:
         if self._save_then_report is None:
             self._save_then_report = False
         if iteration <= self.delivered_iteration:
-            _discard(round_.checkpoints)
+            manager.discard([c.path for c in round_.checkpoints if isinstance(c, WrittenCheckpoint)])
             return None  # replayed after a restart: callbacks already have it
         self.delivered_iteration = iteration
         results = round_.results
@@ -87,8 +85,12 @@ class Delivery:
         if round_.has_reported_checkpoint:
             # After the results line: a driver that dies in between resumes from an older
             # checkpoint and replays (de-duplicated), never skips, this round.
-            first = next(i for i, c in enumerate(round_.checkpoints) if c is not None)
-            manager.register_reported(round_.checkpoints, round_.full_result(first), iteration, decode=self._decode)
+            # The lowest rank's folder is the checkpoint; other ranks' are merged into it.
+            given = [(i, c) for i, c in enumerate(round_.checkpoints) if isinstance(c, WrittenCheckpoint)]
+            (first, written), others = given[0], given[1:]
+            metrics = round_.full_result(first)
+            manager.register(Path(written.path), metrics, iteration, metrics=metrics,
+                             shards=[Path(c.path) for _, c in others])
             self._after_checkpoint()
         if detailed_metrics_enabled():  # persisted above in full; handed on only when asked for
             round_.add_details()
@@ -119,11 +121,5 @@ class Delivery:
                 self._pending.pop(0)
                 continue
             self._pending.pop(0)
-            self._manager.register_written(Path(state.path), state.score_values, iteration)
+            self._manager.register(Path(state.path), state.score_values, iteration)
             self._after_checkpoint()
-
-
-def _discard(payloads: List[Any]) -> None:
-    for p in payloads:
-        if isinstance(p, DirectCheckpoint):
-            shutil.rmtree(p.path, ignore_errors=True)

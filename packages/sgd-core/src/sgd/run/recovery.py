@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Dict, List, Optional, Protocol
 
 from sgd._common.nodes import NodeInfo
-from sgd._common.protocol import DirectWrite
+from sgd._common.protocol import CheckpointTarget
 from sgd.errors import ResourcesUnavailableError, TrainingFailedError
 from sgd.group.protocol import RunGroup, RunRequest
 from sgd.group.status import Barrier
@@ -51,16 +51,14 @@ class _Recovery:
             error = group.restart(None)
             if error is not None:
                 return error
-        direct = None
-        if self._manager.strategy.num_to_keep != 0:
-            # Rank 0 writes checkpoints itself when it shares the driver's disk (the group knows).
-            direct = DirectWrite(str(self._manager.checkpoint_dir), self._manager.codec,
-                                 self._manager.strategy.checkpoint_score_attribute)
+        # Every worker writes its checkpoints into the run's checkpoint folder and sends the path.
+        target = CheckpointTarget(str(self._manager.checkpoint_dir), self._manager.codec,
+                                  self._manager.strategy.checkpoint_score_attribute)
         self._delivery.restarted(start_iteration)
         self._drain, self._drain_waits_logged = None, False
         return group.begin(RunRequest(
             train_func=spec.train_func, checkpoint=checkpoint, dataset=spec.dataset,
-            dataset_config=spec.dataset_config, start_iteration=start_iteration, direct_write=direct,
+            dataset_config=spec.dataset_config, start_iteration=start_iteration, checkpoint_target=target,
             run_info=dict(spec.worker_run_info), writable=[str(spec.run_dir.path)], readable=self._readable,
         ))
 

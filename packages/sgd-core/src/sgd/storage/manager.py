@@ -1,34 +1,38 @@
-"""Driver side of checkpoints: number them, write them atomically, keep the best K."""
+"""Driver side of checkpoints: register what the workers wrote, number it, commit it atomically,
+keep the best K, mirror it to a storage URI.
+
+Workers write every checkpoint into a temporary folder of the run's checkpoint folder
+(:mod:`sgd.storage.staging`) and send its path; :meth:`CheckpointManager.register` is the one
+entry point that takes it, whatever it holds.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
 import shutil
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from sgd import plugins
 from sgd._common.json_values import finite, json_default
-from sgd._common.protocol import DirectCheckpoint, DirectoryFiles
 from sgd.checkpoint.format import (
     METADATA_FILE,
     Checkpoint,
     CheckpointIntegrityError,
     CheckpointStrategy,
-    write_dict_dir,
-    write_directory_metadata,
     write_files,
 )
-from sgd.checkpoint.integrity import complete_digests, is_disk_full
-from sgd.checkpoint.preprocessor import PREPROCESSOR_FILE, PREPROCESSOR_KEY
+from sgd.checkpoint.integrity import checkpoint_files, complete_digests, is_disk_full
+from sgd.checkpoint.preprocessor import PREPROCESSOR_FILE
 from sgd.checkpoint.storage import storage_for
 from sgd.redact import redact
+from sgd.storage.staging import TMP_PREFIX
 
 logger = logging.getLogger("sgd")
 
@@ -58,7 +62,7 @@ class _Kept:
 
 
 class CheckpointManager:
-    """Receives rank 0's checkpoint states during a run and persists them.
+    """Registers the checkpoints a run's workers write into its checkpoint folder and keeps them.
 
     :param checkpoint_dir: ``run_dir/checkpoints``.
     :param strategy: what to keep.
@@ -96,26 +100,95 @@ class CheckpointManager:
     def remove_temporary(self) -> None:
         """Drop temporary folders: writes a crash cut short, never valid. Call it only when
         no write can be in flight (no workers running)."""
-        for stale in self.checkpoint_dir.glob(".tmp_*"):
+        for stale in self.checkpoint_dir.glob(f"{TMP_PREFIX}*"):
             shutil.rmtree(stale, ignore_errors=True)
 
     # --- writing -------------------------------------------------------------
 
-    def register(self, state: Dict[str, Any], iteration: int) -> Optional[Path]:
-        """Take rank 0's ``state`` (saved after report ``iteration``); persist it per the strategy.
+    def register(self, path: Path, score_values: Dict[str, Any], iteration: int,
+                 metrics: Optional[Dict[str, Any]] = None, shards: Sequence[Path] = ()) -> Optional[Path]:
+        """Take a checkpoint the workers wrote into ``path``, a temporary folder of
+        :attr:`checkpoint_dir` (:mod:`sgd.storage.staging`), filed under report ``iteration``:
+        give it its number and metadata and rename it into place; only then is it the latest.
+        The one way a checkpoint is registered, whatever it holds (a saved state, a directory,
+        every rank's shard of a sharded checkpoint).
 
-        :returns: where it was written, or ``None`` if the strategy keeps none.
-        :raises OSError: the write failed (nothing earlier is lost).
-        :raises ValueError: the score attribute is missing or not a number (the
-            checkpoint is written first, so it is not lost).
+        :param score_values: what the strategy scores it by (the report passed with it, or the
+            score attribute of a saved state).
+        :param metrics: the report it was passed with, stored in its metadata.
+        :param shards: other ranks' folders passed with the same report: their files are added
+            to ``path`` (a file already there is kept), then the folders go.
+        :returns: where it was committed, or ``None`` if the strategy keeps none.
+        :raises FileNotFoundError: ``path`` is not a temporary folder of :attr:`checkpoint_dir`
+            on this driver's disk; earlier checkpoints stay the latest.
+        :raises OSError: the commit failed (nothing earlier is lost).
+        :raises ValueError: the score attribute is missing or not a number (raised after the
+            checkpoint is written, so it is not lost), or a dict checkpoint would be merged
+            with directories.
         """
+        tmp = self._confined(path)
+        try:
+            for shard in shards:
+                self._merge(tmp, self._confined(shard))
+        except BaseException:
+            self.discard([tmp, *shards])
+            raise
         previous = (self.latest_id, self.latest_state, self.latest_iteration)
         self.latest_id += 1
-        self.latest_state = state
+        self.latest_state = None  # read from disk when asked for
         self.latest_iteration = iteration
         if self.strategy.num_to_keep == 0:
+            self._hold(tmp)
             return None
-        return self._persist_or_roll_back(previous, state, state, iteration)
+        return self._persist_or_roll_back(previous, score_values, iteration, tmp, metrics=metrics)
+
+    def _confined(self, path: Any) -> Path:
+        """``path`` if it is a temporary folder of :attr:`checkpoint_dir` on this disk."""
+        tmp = Path(path)
+        if (not tmp.name.startswith(TMP_PREFIX) or tmp.is_symlink() or not tmp.is_dir()
+                or tmp.parent.resolve() != self.checkpoint_dir.resolve()):
+            raise FileNotFoundError(
+                f"a worker reported a checkpoint in {path}, which is not a temporary folder of {self.checkpoint_dir} "
+                "on the driver's disk; checkpoints are written there, directly or through the run's file server.")
+        return tmp
+
+    def discard(self, paths: Sequence[Any]) -> None:
+        """Remove checkpoint folders the workers wrote that will not be registered (a report
+        replayed after a restart); paths outside :attr:`checkpoint_dir` are left alone."""
+        for path in paths:
+            try:
+                tmp = self._confined(path)
+            except FileNotFoundError:
+                continue
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def _merge(self, into: Path, shard: Path) -> None:
+        """Add another rank's folder to ``into`` (a file already there is kept)."""
+        if _format(shard) == "dict":  # only the lowest rank's dict checkpoint counts
+            shutil.rmtree(shard, ignore_errors=True)
+            return
+        if _format(into) == "dict":
+            raise ValueError("a dict checkpoint cannot be merged with other ranks' directory checkpoints; "
+                             "pass directory checkpoints (Checkpoint.from_directory) on every rank")
+        for name in checkpoint_files(shard):
+            source, target = shard / name, into / name
+            if target.exists() or target.is_symlink():
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(source, target)
+        shutil.rmtree(shard, ignore_errors=True)
+
+    def _hold(self, tmp: Path) -> None:
+        """Keep nothing on disk (``num_to_keep=0``) but the state in memory, so a restart still
+        resumes from it: read back (written by this run's workers: trusted), then removed."""
+        try:
+            if _format(tmp) != "sharded":  # a sharded one is its files: nothing to hold
+                with plugins.using(self.hook):
+                    self.latest_state = Checkpoint.from_directory(tmp, trusted=True).to_dict()
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                self.checkpoint_dir.rmdir()  # only when empty: nothing is kept
 
     def _score(self, state: Dict[str, Any], iteration: int) -> float:
         # The recency attributes rank sgd.save_checkpoint states too, which do not hold them
@@ -124,84 +197,6 @@ class CheckpointManager:
         if attr not in state and attr in ("_timestamp", "_training_iteration"):
             return self.strategy.score({attr: time.time() if attr == "_timestamp" else iteration})
         return self.strategy.score(state)
-
-    def register_written(self, tmp: Path, score_values: Dict[str, Any], iteration: int) -> Optional[Path]:
-        """Take a checkpoint that the workers wrote themselves into ``tmp`` (a temporary folder
-        in :attr:`checkpoint_dir`: rank 0's whole state, or every rank's shard): give it its
-        number and metadata, rename it into place. Only then is it the latest.
-
-        :raises FileNotFoundError: ``tmp`` is not on this driver's disk (workers on hosts with
-            disks of their own wrote it there); earlier checkpoints stay the latest.
-        """
-        if not tmp.is_dir() or tmp.parent.resolve() != self.checkpoint_dir.resolve():
-            raise FileNotFoundError(
-                f"the workers wrote a checkpoint to {tmp}, which is not a folder of {self.checkpoint_dir} on the "
-                "driver's disk: their hosts have disks of their own. Checkpoints the workers write themselves "
-                "(sharded ones) need a folder the driver and every worker share, such as the run directory on a "
-                "shared filesystem (Trainer(logdir=...)).")
-        previous = (self.latest_id, self.latest_state, self.latest_iteration)
-        self.latest_id += 1
-        self.latest_state = None  # loaded from disk if asked for
-        self.latest_iteration = iteration
-        if self.strategy.num_to_keep == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-            return None
-        return self._persist_or_roll_back(previous, None, score_values, iteration, written=tmp)
-
-    def register_reported(self, payloads: List[Any], metrics: Dict[str, Any], iteration: int,
-                          decode: Any = None) -> Optional[Path]:
-        """Take the checkpoint passed with report ``iteration`` (``sgd.report(m, checkpoint=c)``).
-
-        :param payloads: per rank, what its worker sent (``None`` where it passed no checkpoint):
-            a :class:`DirectCheckpoint`, :class:`DirectoryFiles` or an encoded dict state.
-            The lowest rank's is the checkpoint; other ranks' files are added to its
-            directory (sharded checkpoints), a file already there is kept.
-        :param metrics: the report of the lowest rank that passed one: scored by the
-            strategy and stored with the checkpoint.
-        """
-
-        given = [p for p in payloads if p is not None]
-        first, extra = given[0], [p for p in given[1:] if isinstance(p, DirectoryFiles)]
-        previous = (self.latest_id, self.latest_state, self.latest_iteration)
-        self.latest_id += 1
-        self.latest_iteration = iteration
-        self.latest_state = None
-        if self.strategy.num_to_keep == 0:
-            for p in given:
-                if isinstance(p, DirectCheckpoint):
-                    shutil.rmtree(p.path, ignore_errors=True)
-            if not isinstance(first, (DirectCheckpoint, DirectoryFiles)):
-                self.latest_state = decode(first) if decode else first
-            elif isinstance(first, DirectoryFiles):
-                self.latest_state = {"_directory_files": first.files}
-            return None
-        written: Optional[Path] = None
-        state: Optional[Dict[str, Any]] = None
-        if isinstance(first, DirectCheckpoint):
-            written = Path(first.path)
-        elif isinstance(first, DirectoryFiles):
-            written = self._stage_files(first.files)
-        else:
-            state = decode(first) if decode else first
-            self.latest_state = state
-        if extra:
-            if written is None:
-                raise ValueError("a dict checkpoint cannot be merged with other ranks' directory checkpoints; "
-                                 "pass directory checkpoints (Checkpoint.from_directory) on every rank")
-            for p in extra:
-                write_files(p.files, written, overwrite=False)
-        return self._persist_or_roll_back(previous, state, metrics, iteration, written=written, metrics=metrics)
-
-    def _stage_files(self, files: Dict[str, bytes]) -> Path:
-        tmp = self.checkpoint_dir / f".tmp_files_{uuid.uuid4().hex[:12]}"
-        try:
-            tmp.mkdir(parents=True)
-            write_files(files, tmp)
-            write_directory_metadata(tmp)
-        except OSError:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        return tmp
 
     def _persist_or_roll_back(self, previous: Tuple[int, Any, int], *args: Any, **kwargs: Any) -> Path:
         """:meth:`_persist`; interrupted (Ctrl-C mid-write), the previous checkpoint stays the
@@ -213,8 +208,8 @@ class CheckpointManager:
                 self.latest_id, self.latest_state, self.latest_iteration = previous
             raise
 
-    def _persist(self, state: Optional[Dict[str, Any]], score_values: Dict[str, Any], iteration: int,
-                 written: Optional[Path] = None, metrics: Optional[Dict[str, Any]] = None) -> Path:
+    def _persist(self, score_values: Dict[str, Any], iteration: int, written: Path,
+                 metrics: Optional[Dict[str, Any]] = None) -> Path:
         """Score, write (or finish ``written``), keep, mirror and prune the latest checkpoint.
         A bad score attribute is raised only after the checkpoint is safely written."""
         score_error: Optional[ValueError] = None
@@ -222,7 +217,7 @@ class CheckpointManager:
             score = self._score(score_values, iteration)
         except ValueError as exc:
             score, score_error = -math.inf, exc
-        path = self._write(self.latest_id, state, score, iteration, written=written, metrics=metrics)
+        path = self._write(self.latest_id, written, score, iteration, metrics=metrics)
         self._kept.append(_Kept(self.latest_id, score, path, iteration, _recorded_files(path)))
         self._upload(path)
         self._prune()
@@ -299,25 +294,19 @@ class CheckpointManager:
             f"none of the checkpoints kept in {self.checkpoint_dir} verifies, so there is nothing to resume from; "
             "see the warnings above for each one.")
 
-    def _write(self, checkpoint_id: int, state: Optional[Dict[str, Any]], score: float, iteration: int,
-               written: Optional[Path] = None, metrics: Optional[Dict[str, Any]] = None) -> Path:
-        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    def _write(self, checkpoint_id: int, tmp: Path, score: float, iteration: int,
+               metrics: Optional[Dict[str, Any]] = None) -> Path:
+        """Finish the folder ``tmp`` the workers wrote: its metadata (number, score, report, the
+        digests of merged files), the preprocessor; fsynced, renamed to its final name."""
         final = self.checkpoint_dir / checkpoint_dir_name(checkpoint_id)
-        tmp = written or self.checkpoint_dir / f".tmp_{final.name}_{uuid.uuid4().hex[:8]}"
         try:
             meta = dict(id=checkpoint_id, score=score if math.isfinite(score) else None,
                         iteration=iteration, timestamp=time.time())
             if metrics is not None:
                 meta["metrics"] = json_safe(metrics)
-            if written is None:
-                assert state is not None
-                if self.preprocessor is not None and PREPROCESSOR_KEY not in state:
-                    state = {**state, PREPROCESSOR_KEY: self.preprocessor}
-                write_dict_dir(state, tmp, self.codec, extra_meta=meta, hook=self.hook)
-            else:
-                if self.preprocessor is not None:
-                    write_files({PREPROCESSOR_FILE: self.preprocessor}, tmp, overwrite=False)
-                _update_metadata(tmp, meta)
+            if self.preprocessor is not None:
+                write_files({PREPROCESSOR_FILE: self.preprocessor}, tmp, overwrite=False)
+            _update_metadata(tmp, meta)
             _fsync_dir(tmp)
             if final.exists():  # left by an earlier attempt of a resumed run
                 shutil.rmtree(final)
@@ -421,3 +410,12 @@ def _update_metadata(directory: Path, extra: Dict[str, Any]) -> None:
         json.dump(meta, f)
         f.flush()
         os.fsync(f.fileno())
+
+
+def _format(directory: Path) -> Optional[str]:
+    """The ``format`` its workers gave a checkpoint folder (``dict``, ``directory``, ``sharded``)."""
+    try:
+        meta = json.loads((directory / METADATA_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return meta.get("format") if isinstance(meta, dict) else None
