@@ -60,13 +60,18 @@ def test_a_worker_on_another_host_writes_through_the_file_server_metadata_last(t
     source = tmp_path / "model"
     (source / "sub").mkdir(parents=True)
     (source / "sub" / "w.bin").write_bytes(b"\x00\x01")
-    (source / METADATA_FILE).write_text("{}")  # an earlier checkpoint's metadata: replaced
+    (source / METADATA_FILE).write_text(json.dumps({"format": "dict", "id": 7}))  # an earlier one's: replaced
     server.uploaded.clear()
     directory = stage_directory(_target(m), str(source), files=server)
     assert server.uploaded == ["w.bin", METADATA_FILE]
     m.register(Path(written.path), {}, 1)
     final = m.register(Path(directory.path), {}, 2)
     assert Checkpoint.from_directory(final).to_dict() == {"_directory_files": {"sub/w.bin": b"\x00\x01"}}
+    meta = json.loads((final / METADATA_FILE).read_text())
+    assert meta["format"] == "directory" and meta["id"] == 2 and list(meta["files"]) == ["sub/w.bin"]
+    # The same checkpoint written directly on the driver's host: the same folder.
+    local = m.register(Path(stage_directory(_target(m), str(source)).path), {}, 3)
+    assert Checkpoint.from_directory(local).to_dict() == Checkpoint.from_directory(final).to_dict()
 
 
 def test_other_ranks_folders_are_merged_and_a_file_already_there_is_kept(tmp_path):
@@ -152,3 +157,27 @@ def test_the_old_import_paths_still_work():
     assert sgd.runs.run_info is sgd.storage.reading.run_info
     info = sgd.runs.RunInfo("p", "FINISHED", 3, None, None)
     assert type(info).__module__ == "sgd.runs" and pickle.loads(pickle.dumps(info)) == info
+
+
+def test_a_write_through_the_file_server_leaves_no_local_copy_and_says_what_failed(tmp_path, monkeypatch):
+    import tempfile
+
+    made = []
+    real = tempfile.mkdtemp
+
+    def mkdtemp(*args, **kwargs):
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
+    m = _manager(tmp_path)
+    stage_state(_target(m), {"step": 1}, files=_FileServer())
+    assert made and not any(os.path.exists(p) for p in made)
+
+    class Full(_FileServer):
+        def upload(self, local, driver_path):
+            raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="could not write a checkpoint to .*the disk is full"):
+        stage_state(_target(m), {"step": 2}, files=Full())
+    assert not any(os.path.exists(p) for p in made)

@@ -22,7 +22,7 @@ import shutil
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, NoReturn, Optional
 
 from sgd._common.protocol import CheckpointTarget, WrittenCheckpoint
 from sgd.checkpoint.format import METADATA_FILE, write_dict_dir, write_directory_metadata
@@ -61,7 +61,7 @@ def stage_directory(target: CheckpointTarget, source: str, files: Any = None) ->
     (its files as they are; sgd's metadata records their digests)."""
     if files is not None:
         # From a host of its own: its files go as they are, only the metadata is written here.
-        return _upload_tree(Path(source), new_folder(target.directory, "dir"), files, {})
+        return _upload_tree(Path(source), new_folder(target.directory, "dir"), files, {}, own_metadata=False)
 
     def copy(folder: Path) -> None:
         shutil.copytree(source, folder, dirs_exist_ok=True)
@@ -73,21 +73,23 @@ def stage_directory(target: CheckpointTarget, source: str, files: Any = None) ->
 def _stage(target: CheckpointTarget, kind: str, write: Callable[[Path], None], files: Any,
            scores: Dict[str, Any]) -> WrittenCheckpoint:
     folder = new_folder(target.directory, kind)
-    local = Path(tempfile.mkdtemp(prefix="sgd_checkpoint_")) if files is not None else Path(folder)
+    if files is None:  # on the driver's disk: written in place
+        try:
+            _make_folder(Path(folder))
+            write(Path(folder))
+        except BaseException as exc:
+            shutil.rmtree(folder, ignore_errors=True)
+            _raise_write_error(exc, target.directory)
+        return WrittenCheckpoint(folder, scores)
+    local = Path(tempfile.mkdtemp(prefix="sgd_checkpoint_"))  # on this host's disk, then sent
     try:
-        if files is None:
-            _make_folder(local)
-        write(local)
-        if files is not None:
-            return _upload_tree(local, folder, files, scores)
-    except BaseException as exc:
+        try:
+            write(local)
+        except BaseException as exc:
+            _raise_write_error(exc, target.directory)
+        return _upload_tree(local, folder, files, scores, own_metadata=True)
+    finally:
         shutil.rmtree(local, ignore_errors=True)
-        if isinstance(exc, OSError) or is_disk_full(exc):
-            raise write_error(exc, target.directory) from exc
-        raise
-    if files is not None:
-        shutil.rmtree(local, ignore_errors=True)
-    return WrittenCheckpoint(folder, scores)
 
 
 def _make_folder(folder: Path) -> None:
@@ -102,26 +104,34 @@ def _make_folder(folder: Path) -> None:
                 raise
 
 
-def _upload_tree(local: Path, folder: str, files: Any, scores: Dict[str, Any]) -> WrittenCheckpoint:
-    """Send ``local``'s files to ``folder`` on the driver's disk, sgd's metadata file last (a
-    directory checkpoint's metadata is written here, from its files' digests)."""
+def _upload_tree(local: Path, folder: str, files: Any, scores: Dict[str, Any],
+                 own_metadata: bool) -> WrittenCheckpoint:
+    """Send ``local``'s files to ``folder`` on the driver's disk, sgd's metadata file last.
+
+    :param own_metadata: ``local`` holds the metadata to send (a state just written); else the
+        folder is a directory checkpoint, whose metadata is made here from its files' digests
+        (a metadata file it holds, of an earlier checkpoint, is left out)."""
     names = checkpoint_files(local)
     try:
         for name in names:
             files.upload(str(local / name), os.path.join(folder, name))
-        meta = local / METADATA_FILE
-        if meta.is_file():
-            files.upload(str(meta), os.path.join(folder, METADATA_FILE))
+        if own_metadata:
+            files.upload(str(local / METADATA_FILE), os.path.join(folder, METADATA_FILE))
         else:
             with tempfile.TemporaryDirectory(prefix="sgd_meta_") as tmp:
                 # The digests of the files as they are (read where they lie, not copied).
                 write_directory_metadata(Path(tmp), digests=digest_files(local, names))
                 files.upload(os.path.join(tmp, METADATA_FILE), os.path.join(folder, METADATA_FILE))
     except BaseException as exc:
-        if isinstance(exc, OSError) or is_disk_full(exc):
-            raise write_error(exc, os.path.dirname(folder)) from exc
-        raise
+        _raise_write_error(exc, os.path.dirname(folder))
     return WrittenCheckpoint(folder, scores)
+
+
+def _raise_write_error(exc: BaseException, directory: str) -> NoReturn:
+    """Raise ``exc``, as :func:`write_error` says it when it is an error of the disk."""
+    if isinstance(exc, OSError) or is_disk_full(exc):
+        raise write_error(exc, directory) from exc
+    raise exc
 
 
 def write_error(exc: BaseException, directory: str) -> OSError:
