@@ -75,3 +75,50 @@ def test_upload_and_ranged_reads_through_a_ray_actor_in_chunks(ray_cluster, tmp_
             files.upload(str(local), str(tmp_path / "elsewhere.bin"))
     finally:
         ray.kill(server)
+
+
+def _as_on_a_host_of_its_own(config):
+    """Every checkpoint this worker makes goes through a file server on the driver's host, as
+    on a host with a disk of its own (here the same host: the path is the one tests/test_hosts.py
+    takes with private disks)."""
+    import tempfile
+    from pathlib import Path
+
+    import sgd
+    from sgd.session import get_session
+
+    session = get_session()
+    server = start_server(ray.get_runtime_context().get_node_id(), [session.context.get_trial_dir()])
+    uploads = []
+
+    class Counted(DriverFiles):
+        def upload(self, local_path, driver_path):
+            uploads.append(os.path.basename(driver_path))
+            return super().upload(local_path, driver_path)
+
+    session._checkpoint_files = Counted(server)
+    sgd.save_checkpoint(step=1)
+    with tempfile.TemporaryDirectory() as folder:
+        Path(folder, f"shard_{sgd.world_rank()}.bin").write_bytes(bytes([sgd.world_rank()]) * 10)
+        Path(folder, "common.txt").write_text(f"rank {sgd.world_rank()}")
+        sgd.report({"step": 2}, checkpoint=sgd.Checkpoint.from_directory(folder))
+    ray.kill(server)
+    return uploads
+
+
+def test_checkpoints_written_through_the_file_server_are_committed_like_any_other(ray_cluster, tmp_path):
+    import sgd
+
+    trainer = sgd.Trainer(backend=sgd.BackendConfig(), num_workers=2, logdir=tmp_path)
+    trainer.start()
+    try:
+        uploads = trainer.run(_as_on_a_host_of_its_own)
+    finally:
+        trainer.shutdown()
+    assert uploads[0][-1] == ".sgd_checkpoint.json" and ".sgd_checkpoint.json" in uploads[1]  # metadata last
+    folder = trainer.latest_checkpoint_dir
+    assert sorted(p.name for p in folder.iterdir()) == ["checkpoint_000001", "checkpoint_000002"]
+    assert sgd.Trainer.load_checkpoint_from_path(folder / "checkpoint_000001") == {"step": 1}
+    files = sgd.Checkpoint.from_directory(folder / "checkpoint_000002").to_dict()["_directory_files"]
+    assert files == {"common.txt": b"rank 0", "shard_0.bin": b"\x00" * 10, "shard_1.bin": b"\x01" * 10}
+    assert not list(folder.rglob("*.sgd-part"))
