@@ -42,6 +42,11 @@ def make_cgroup() -> Optional[str]:
     return None
 
 
+def _package(test_id: str) -> str:
+    path = test_id.split("::")[0]
+    return "/".join(path.split("/")[:2]) if path.startswith("packages/") else path.split("/")[0]
+
+
 def report(rows: List[Dict], wall: Optional[float] = None, cpu: Optional[float] = None) -> str:
     """The Markdown summary of a run's per-test lines."""
     wall = wall if wall is not None else sum(r["wall"] for r in rows)
@@ -50,7 +55,7 @@ def report(rows: List[Dict], wall: Optional[float] = None, cpu: Optional[float] 
     out = [f"{len(rows)} tests; wall {wall / 60:.1f} min, CPU {cpu / 60:.1f} min "
            f"({cpu / wall if wall else 0:.2f} cores busy on average); tests waiting (wall above CPU) "
            f"{waits / 60:.1f} min in all.", ""]
-    for title, key in (("package", lambda i: "/".join(i.split("/")[:2])), ("file", lambda i: i.split("::")[0])):
+    for title, key in (("package", _package), ("file", lambda i: i.split("::")[0])):
         sums: Dict[str, List[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0])
         for r in rows:
             s = sums[key(r["id"])]
