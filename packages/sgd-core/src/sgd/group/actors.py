@@ -26,6 +26,8 @@ import ray
 
 from sgd._common.nodes import NODE_CHECK_INTERVAL_S, NodeInfo, NodeWatch
 from sgd._common.protocol import DirectWrite
+from sgd._worker.actor import SENT_ONCE
+from sgd._worker.rank_logs import append_rank_log
 from sgd._worker.session import DEFAULT_MAX_PENDING
 from sgd.backend import Backend, BackendConfig
 from sgd.group.deaths import deaths_as_errors, idle_survivors
@@ -104,6 +106,9 @@ class ActorGroup(_Placing, _InPlace):
         self._reforms = False
         # Workers started to grow the current in-place run, not yet in the group (slots, actors, metadata).
         self._joining: Optional[tuple] = None
+        # Per worker process (actor id): the run info sent to it once (SENT_ONCE: the driver's node,
+        # the file server), left out of its later runs' start calls while it stays the same.
+        self._sent_once: Dict[Any, tuple] = {}
 
     @property
     def needs_restart(self) -> bool:
@@ -286,6 +291,7 @@ class ActorGroup(_Placing, _InPlace):
             os.makedirs(direct.directory, exist_ok=True)
         with deaths_as_errors(wg, "starting the training function"):
             self.hook.sgd_backend_training_start(**self._hook_kwargs())
+        self._inputs.ready()  # told while the backend's calls went on
         self._request, self._run_info, self._direct = request, run_info, direct
         self._reforms = self.backend.reforms_in_place(wg, self.backend_config)
         refs = self._start_training(list(range(len(wg))), shards or [None] * len(wg), request.start_iteration)
@@ -293,7 +299,13 @@ class ActorGroup(_Placing, _InPlace):
         self._dirty = True
         # Not waited for here: the collector waits on these with the rounds, so that a worker
         # whose run failed at once is seen even while another one's start has not returned.
-        self._rounds = RoundCollector(wg.workers, starts=refs, lost_hosts=self.on_lost_hosts)
+        self._rounds = RoundCollector(wg.workers, starts=refs, lost_hosts=self.on_lost_hosts, on_log=self.write_log)
+
+    def write_log(self, rank: int, data: bytes) -> None:
+        """What the worker of ``rank`` on another host printed, to its log in the run directory."""
+        run_dir = self._run_info.get("trial_dir")
+        if run_dir:
+            append_rank_log(run_dir, rank, data)
 
     def on_lost_hosts(self, indices: List[int]) -> List[int]:
         """Which of the workers at ``indices`` run on a host that is gone (its raylet does not
@@ -321,6 +333,8 @@ class ActorGroup(_Placing, _InPlace):
         refs: List[Any] = []
         pickled: Optional[bytes] = None
         put: Dict[bool, Any] = {}
+        once = tuple(self._run_info.get(k) for k in SENT_ONCE)
+        short = {k: v for k, v in self._run_info.items() if k not in SENT_ONCE}
         for rank in ranks:
             code, preloads = wg.user_code_for(rank, user_code, pickled)
             if preloads:
@@ -329,9 +343,16 @@ class ActorGroup(_Placing, _InPlace):
                 if bool(preloads) not in put:
                     put[bool(preloads)] = ray.put(code)
                 code = put[bool(preloads)]
-            refs.append(wg.workers[rank]._sgd_start_training.remote(
+            worker = wg.workers[rank]
+            told = self._sent_once.get(worker._actor_id)
+            if told is not None and all(a is b or a == b for a, b in zip(told, once)):
+                run_info = short  # an actor handle costs both sides far more than plain data
+            else:
+                run_info = self._run_info
+                self._sent_once[worker._actor_id] = once
+            refs.append(worker._sgd_start_training.remote(
                 code, shards[rank], self.max_pending, start_iteration, self._direct if rank == 0 else None,
-                self._run_info, preloads, self._reforms, join, snapshot,
+                run_info, preloads, self._reforms, join, snapshot,
             ))
         return refs
 
@@ -402,6 +423,7 @@ class ActorGroup(_Placing, _InPlace):
     def shutdown(self) -> None:
         self._end_rounds()
         self._inputs.shutdown()
+        self._sent_once.clear()
         if self.worker_group is not None:
             wg, self.worker_group = self.worker_group, None
             wg.shutdown()
