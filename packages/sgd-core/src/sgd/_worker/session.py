@@ -33,13 +33,14 @@ from sgd._common.protocol import (
     DETAIL_KEY,
     LINE_KEY,
     LOG,
+    NOTE,
     REPORT,
     DirectCheckpoint,
     DirectWrite,
     RemoteError,
     encode_line,
 )
-from sgd._common.run_hooks import run_error_hooks, run_in_contexts
+from sgd._common.run_hooks import run_end_hooks, run_error_hooks, run_in_contexts
 from sgd._worker.checkpoint_payloads import checkpoint_payload, materialize, write_direct
 from sgd._worker.checkpoint_payloads import read_files as read_files
 from sgd._worker.context import PreemptionInfo as PreemptionInfo
@@ -110,6 +111,8 @@ class Session(_DriverDisk):
         self._error: Optional[RemoteError] = None
         self._stopping = False
         self._finalizers: List[Callable[[], None]] = []
+        # What the backend's run-end hooks said (sgd.backend.on_worker_run_end): with the last reply.
+        self._notes: Optional[Dict[str, Any]] = None
         #: The tee of stdout/stderr into ``run_dir/logs/rank_N.log`` (set by the worker actor).
         self.rank_log: Any = None
         # Output for the driver to write into that log (a worker on another host, see send_log):
@@ -146,6 +149,7 @@ class Session(_DriverDisk):
             for finalizer in self._finalizers:
                 finalizer()
             result = self._encode(result)
+            self._notes = run_end_hooks()
         except RunStopped:
             result = None
             # Stopped on purpose: still let a background checkpoint write end (nothing of it
@@ -418,6 +422,8 @@ class Session(_DriverDisk):
         for kind, data in batch:
             if kind == REPORT and LINE_KEY not in data:
                 data[LINE_KEY] = encode_line(data)
+        if finished and self._notes is not None:
+            batch = batch + [(NOTE, self._notes)]
         if log is not None:
             batch = batch + [(LOG, (self._log_rank, log))]
         return batch, finished, self._result if finished else None, self._error if finished else None

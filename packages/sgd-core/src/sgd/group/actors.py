@@ -197,6 +197,8 @@ class ActorGroup(_Placing, _InPlace):
             placement that timed out), or ``None``.
         """
         self._end_rounds()
+        if self.worker_group is not None:
+            self.worker_group.run_notes = []  # new workers have told nothing
         try:
             self._restart(error, size, move)
         except Exception as exc:
@@ -291,6 +293,7 @@ class ActorGroup(_Placing, _InPlace):
             os.makedirs(direct.directory, exist_ok=True)
         with deaths_as_errors(wg, "starting the training function"):
             self.hook.sgd_backend_training_start(**self._hook_kwargs())
+        wg.run_notes = []  # they told of the last run; this one tells its own when it ends cleanly
         self._inputs.ready()  # told while the backend's calls went on
         self._request, self._run_info, self._direct = request, run_info, direct
         self._reforms = self.backend.reforms_in_place(wg, self.backend_config)
@@ -384,7 +387,11 @@ class ActorGroup(_Placing, _InPlace):
         return self.backend.decode_checkpoint(state)
 
     def end(self, ok: bool, error: Optional[BaseException] = None) -> None:
-        """Close a run: on success just forget it; on failure stop every worker at once."""
+        """Close a run: on success just forget it (keeping what its workers noted at the end, for
+        the backend's next ``on_training_start``); on failure stop every worker at once."""
+        if ok and self._rounds is not None and self.worker_group is not None:
+            if len(self._rounds.notes) == len(self.worker_group):
+                self.worker_group.run_notes = list(self._rounds.notes)
         self._end_rounds()
         self._inputs.run_ended()
         if self.worker_group is None:

@@ -28,7 +28,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from sgd._common.peers import reads_like_peer_failure
-from sgd._common.protocol import CHECKPOINT, CHECKPOINT_KEY, LOG, REPORT, RemoteError, decode_round
+from sgd._common.protocol import CHECKPOINT, CHECKPOINT_KEY, LOG, NOTE, REPORT, RemoteError, decode_round
 from sgd._common.waits import wait
 from sgd._worker.unsendable import recover_poll
 from sgd.errors import WorkerDiedError, WorkerError
@@ -124,6 +124,8 @@ class RoundCollector(ResetBarrier):
                 self._starting[start] = i
         self._started = [starts is None or starts[i] is None for i in range(n)]
         self._on_log = on_log
+        #: what each worker's run-end hooks said when its run returned (sgd.backend.on_worker_run_end)
+        self.notes: List[Optional[Dict[str, Any]]] = [None] * n
         #: when (monotonic) a worker last sent an item, ended or started its run
         self.last_progress = time.monotonic()
         self._init_resets(lost_hosts)
@@ -230,6 +232,8 @@ class RoundCollector(ResetBarrier):
                 continue
             if batch and batch[-1][0] == LOG:
                 self._take_log(batch.pop()[1])
+            if batch and batch[-1][0] == NOTE:
+                self.notes[i] = batch.pop()[1]
             if any(kind == ELASTIC for kind, _ in batch):
                 for kind, data in batch:
                     if kind == ELASTIC:
