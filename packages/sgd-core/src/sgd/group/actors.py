@@ -332,7 +332,9 @@ class ActorGroup(_Placing, _InPlace):
         user_code = (request.train_func, backend_cls.encode_data, backend_cls.encode_checkpoint, request.checkpoint)
         # From PUT_CODE_FROM workers on, sent once rather than once per worker: each form (the
         # code, or its pickle for workers with a preload pending) is put in the object store once
-        # and every worker gets a reference (a resumed run's checkpoint is serialised once).
+        # and every worker gets a reference (a resumed run's checkpoint is serialised once). A
+        # pickle smaller than INLINE_CODE_BYTES travels in each call instead: fetching an object
+        # from another node's store costs every worker more than the bytes in its call.
         refs: List[Any] = []
         pickled: Optional[bytes] = None
         put: Dict[bool, Any] = {}
@@ -342,7 +344,7 @@ class ActorGroup(_Placing, _InPlace):
             code, preloads = wg.user_code_for(rank, user_code, pickled)
             if preloads:
                 pickled = code
-            if len(ranks) >= PUT_CODE_FROM:
+            if len(ranks) >= PUT_CODE_FROM and not (preloads and len(code) < INLINE_CODE_BYTES):
                 if bool(preloads) not in put:
                     put[bool(preloads)] = ray.put(code)
                 code = put[bool(preloads)]
@@ -444,6 +446,8 @@ BackendExecutor = ActorGroup
 #: From this many workers on, a run's code and checkpoint are put in the object store once and
 #: sent by reference (below it, inline in each call is cheaper).
 PUT_CODE_FROM = 4
+#: A run's code pickled smaller than this (bytes) is sent in every start call all the same.
+INLINE_CODE_BYTES = 64 * 1024
 
 
 #: After a worker died, how long the others get to end their run (they are asked to stop at
