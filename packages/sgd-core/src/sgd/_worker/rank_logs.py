@@ -130,10 +130,24 @@ def rank_log_path(run_dir: str, rank: int) -> str:
     return os.path.join(run_dir, "logs", f"rank_{rank}.log")
 
 
-def append_rank_log(run_dir: str, rank: int, data: bytes) -> None:
-    """On the driver: append what the worker of ``rank`` on another host printed (a ``LOG``
-    item of its poll reply) to its ``run_dir/logs/rank_N.log``. Raises ``OSError``."""
-    path = rank_log_path(run_dir, int(rank))
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "ab") as f:
-        f.write(data)
+class RankLogFiles:
+    """On the driver: what the workers on other hosts printed (``LOG`` items of their poll
+    replies), appended to their ``run_dir/logs/rank_N.log`` (one ``open``/``write``/``close`` at
+    the level of file descriptors per item; the folder made once)."""
+
+    def __init__(self, run_dir: str) -> None:
+        self._folder = os.path.join(run_dir, "logs")
+        self._made = False
+
+    def append(self, rank: int, data: bytes) -> None:
+        """Raises ``OSError``."""
+        if not self._made:
+            os.makedirs(self._folder, exist_ok=True)
+            self._made = True
+        fd = os.open(os.path.join(self._folder, f"rank_{int(rank)}.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)

@@ -20,14 +20,14 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import ray
 
 from sgd._common.nodes import NODE_CHECK_INTERVAL_S, NodeInfo, NodeWatch
 from sgd._common.protocol import DirectWrite
 from sgd._worker.actor import SENT_ONCE
-from sgd._worker.rank_logs import append_rank_log
+from sgd._worker.rank_logs import RankLogFiles
 from sgd._worker.session import DEFAULT_MAX_PENDING
 from sgd.backend import Backend, BackendConfig
 from sgd.group.deaths import deaths_as_errors, idle_survivors
@@ -109,6 +109,8 @@ class ActorGroup(_Placing, _InPlace):
         # Per worker process (actor id): the run info sent to it once (SENT_ONCE: the driver's node,
         # the file server), left out of its later runs' start calls while it stays the same.
         self._sent_once: Dict[Any, tuple] = {}
+        # Where the workers' output goes on the driver's disk: (run directory, its RankLogFiles).
+        self._log_files: Optional[Tuple[str, RankLogFiles]] = None
 
     @property
     def needs_restart(self) -> bool:
@@ -307,8 +309,11 @@ class ActorGroup(_Placing, _InPlace):
     def write_log(self, rank: int, data: bytes) -> None:
         """What the worker of ``rank`` on another host printed, to its log in the run directory."""
         run_dir = self._run_info.get("trial_dir")
-        if run_dir:
-            append_rank_log(run_dir, rank, data)
+        if not run_dir:
+            return
+        if self._log_files is None or self._log_files[0] != run_dir:
+            self._log_files = (run_dir, RankLogFiles(run_dir))
+        self._log_files[1].append(rank, data)
 
     def on_lost_hosts(self, indices: List[int]) -> List[int]:
         """Which of the workers at ``indices`` run on a host that is gone (its raylet does not
