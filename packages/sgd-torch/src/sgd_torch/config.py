@@ -94,8 +94,9 @@ def _kept_their_group(worker_group: Workers) -> bool:
     """Whether every worker noted at the end of the group's last run (which ended cleanly) that
     its process group was still there (``Workers.run_notes``, from sgd-core 2026-11-26 on)."""
     notes = getattr(worker_group, "run_notes", None)
-    return bool(notes) and len(notes) == len(worker_group) and all(
-        n is not None and n.get(GROUP_NOTE) is True for n in notes)
+    if not notes or len(notes) != len(worker_group):
+        return False
+    return all(n is not None and n.get(GROUP_NOTE) is True for n in notes)
 
 
 class TorchBackend(Backend):
