@@ -15,6 +15,11 @@ Item kinds:
 - ``CHECKPOINT``: ``sgd.save_checkpoint`` state. Rank 0's is the state (encoded by the
   backend), a :class:`DirectCheckpoint` or a :class:`DirectoryFiles`; other ranks send
   ``None`` so the driver can check that every rank took part.
+- ``NOTE``: what the backend's run-end hooks said on the worker (:func:`sgd.backend.on_worker_run_end`),
+  with the reply that ends a run that returned; taken out by the collector, like ``LOG``.
+- ``LOG``: what a worker on another host than the driver's printed since its last poll
+  (``(rank, bytes)``, for ``run_dir/logs/rank_N.log``); at most one, always the batch's last
+  item, taken out by the collector before rounds are lined up (:mod:`sgd._worker.rank_logs`).
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from sgd.redact import redact
 
 REPORT = "report"
 CHECKPOINT = "checkpoint"
+LOG = "log"
+NOTE = "note"
 
 #: Key of a report dict that carries the checkpoint passed with it; removed by :func:`decode_round`.
 CHECKPOINT_KEY = "_sgd_checkpoint"
