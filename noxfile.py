@@ -115,6 +115,16 @@ def coverage(session: nox.Session) -> None:
     session.run("python", "scripts/coverage_report.py", os.path.join(out, ".coverage"))
 
 
+@nox.session(python=PYTHON)
+def suite_cost(session: nox.Session) -> None:
+    """Where the suite's time goes: each test's wall time and the CPU time of every process it
+    started (in a cgroup of its own, so the figures hold on a busy machine), summed per package
+    and file, in ``build/suite-cost/suite-cost.md`` (docs/contributing.md). Arguments after
+    ``--`` are pytest's (default: the whole suite, as ``nox -s tests`` runs it)."""
+    _install_tests(session)
+    session.run("python", "scripts/suite_cost.py", "--", *(session.posargs or WHOLE_SUITE))
+
+
 #: The fast tier: tests that need no Ray cluster and start no process (a conftest refuses both).
 UNIT_TESTS = ["packages/sgd-core/tests/unit"]
 

@@ -7,6 +7,9 @@ N in 2, 4, 8, 16, 32 (``--quick``: 2 and 8) and each framework, one driver proce
 (``_scale_drivers.py``) measures:
 
 - start (group placed, process group up), a trivial run (one all_reduce, one report), shutdown;
+- what a run costs on a started trainer (sgd), each from ``run()``'s call: a run with one report
+  (median of 5, with the driver's CPU time and the actor calls it made: neither depends on the
+  machine's load), and 200 report rounds (median of 3, the run's start included);
 - report rounds per second delivered to the driver, every worker reporting, in order; the
   driver's CPU time per round (all of the driver process: Ray's threads included);
 - a checkpoint round: rank 0 saves 10 MB; the time ``save_checkpoint`` (sgd) / ``report(...,
@@ -80,6 +83,7 @@ def run_one(address: str, framework: str, n: int, config: Dict[str, Any], work: 
         return {"error": f"exit status {proc.returncode}: {' | '.join(tail)}", "log": str(work / "log.txt")}
     out = json.loads((work / "driver.json").read_text())
     out["process_wall_s"] = time.perf_counter() - t
+    out["loadavg_end"] = loadavg()  # a busy machine shows here before it shows as noise
     return out
 
 
@@ -93,6 +97,10 @@ def summarise(out: Dict[str, Any]) -> Dict[str, Any]:
                              "rounds_from_call_per_s") if k in out}
     if out.get("next_run_s"):
         s["next_run_s"] = statistics.median(out["next_run_s"])
+    if out.get("next_run_cpu_s"):
+        s["next_run_cpu_s"] = statistics.median(out["next_run_cpu_s"])
+    if out.get("next_run_calls"):
+        s["next_run_calls"] = sum(out["next_run_calls"].values())
     if out.get("checkpoint_s"):
         s["checkpoint_s"] = statistics.median(out["checkpoint_s"])
     if out.get("worker_rss_mb"):
@@ -111,13 +119,17 @@ def _fmt(value: Optional[float], unit: str) -> str:
         return f"{value:,.0f} MB"
     if unit == "n":
         return f"{value:.0f}"
+    if unit == "ms":
+        return f"{value * 1e3:,.1f} ms"
     return f"{value:.2f} s"
 
 
 ROWS = [  # (figure, label, unit, better)
     ("start_run_shutdown_s", "start + trivial run + shutdown", "s", "low"),
     ("start_s", "start (placed, process group up)", "s", "low"),
-    ("next_run_s", "a run on a started trainer (one report), from run()'s call", "s", "low"),
+    ("next_run_s", "a run on a started trainer (one report), from run()'s call", "ms", "low"),
+    ("next_run_cpu_s", "driver CPU of that run", "ms", "low"),
+    ("next_run_calls", "actor calls the driver makes for that run", "n", "low"),
     ("rounds_from_call_per_s", "report rounds/s from run()'s call (its start included)", "/s", "high"),
     ("rounds_per_s", "report rounds/s (every worker reports)", "/s", "high"),
     ("driver_rounds_per_s", "rounds/s the driver takes in (reports made beforehand)", "/s", "high"),
@@ -218,6 +230,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     import ray
 
+    load_start = loadavg()
     cluster = _cluster()
     work_root = Path(tempfile.mkdtemp(prefix="sgd_bench_scale_"))
     results: Dict[str, Dict[int, Dict[str, Any]]] = {fw: {} for fw in frameworks}
@@ -237,7 +250,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         shutil.rmtree(work_root, ignore_errors=True)
 
     meta = machine(nodes=NODES + 1, node_cpus=NODE_CPUS, sizes=sizes, quick=args.quick,
-                   loadavg_end=loadavg(), **{k: v for k, v in config.items() if k != "cpu_per_worker"})
+                   loadavg_start=load_start, loadavg_end=loadavg(),
+                   **{k: v for k, v in config.items() if k != "cpu_per_worker"})
     provenance = ""
     if args.keep:
         earlier = json.loads(args.keep.read_text())
@@ -253,8 +267,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     body = table(results, sizes)
     goal = targets(results, sizes)
     markdown = (f"# Scale: sgd and Ray Train from {min(sizes)} to {max(sizes)} workers\n\n"
-                f"{NODES} simulated nodes + head on one machine ({meta['cpus']} cores, load at the end "
-                f"{meta['loadavg_end']}); workers spread over the nodes.{provenance}\n\n{body}\n"
+                f"{NODES} simulated nodes + head on one machine ({meta['cpus']} cores, load at the start "
+                f"{meta['loadavg_start']}, at the end {meta['loadavg_end']}); workers spread over the "
+                f"nodes.{provenance}\n\n{body}\n"
                 + "\n".join(goal) + "\n")
     save("scale", {"machine": meta, "results": results, "raw": raw}, markdown, args.out)
     plotted = plot(results, args.out / "scale.png")

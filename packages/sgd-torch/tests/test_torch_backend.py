@@ -520,3 +520,46 @@ def test_checkpoint_sent_to_the_driver_keeps_tensors(trainer):
     assert torch.equal(state["w"], torch.arange(6.0).reshape(2, 3))
     assert state["b"].dtype == torch.bfloat16 and state["meta"] == {"step": 1}
     state["w"].add_(1)  # writable: not a view of Ray's read-only object store
+
+
+def _unseeded_weights(config):
+    import torch.distributed as dist
+
+    if config.get("destroy"):
+        dist.destroy_process_group()  # as a script written for torchrun ends
+        return None
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return t.item(), torch.nn.Linear(2, 2).weight.flatten().tolist()  # torch's default generator
+
+
+def test_a_run_after_a_clean_one_sends_the_workers_nothing_but_its_start(ray_cluster, monkeypatch):
+    """Each worker notes at a run's end that its process group is still there (a run-end
+    hook), so the next run starts without the backend's per-run call to every worker; each run
+    still starts from a fresh process's torch state. A run that destroyed the group makes the
+    next one check and build it again."""
+    import collections
+
+    import ray
+
+    calls = collections.Counter()
+    remote = ray.actor.ActorMethod._remote
+
+    def counting(self, *args, **kwargs):
+        calls[self._method_name] += 1
+        return remote(self, *args, **kwargs)
+
+    monkeypatch.setattr(ray.actor.ActorMethod, "_remote", counting)
+    trainer = sgd.Trainer(backend="torch", num_workers=2)
+    trainer.start()
+    try:
+        first = trainer.run(_unseeded_weights)
+        calls.clear()
+        assert trainer.run(_unseeded_weights) == first  # the same weights: a fresh generator
+        assert calls["_sgd_execute"] == 0 and calls["_sgd_start_training"] == 2
+        trainer.run(_unseeded_weights, config={"destroy": True})
+        calls.clear()
+        assert trainer.run(_unseeded_weights) == first  # a new group (all_reduce of 2 ranks)
+        assert calls["_sgd_execute"] >= 2  # asked, and the group built again
+    finally:
+        trainer.shutdown()

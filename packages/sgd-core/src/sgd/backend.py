@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Protocol, Sequence, Tuple, Type
 
-from sgd._common.run_hooks import INTERRUPT_HOOKS, RESET_HOOKS, RUN_CONTEXTS, RUN_ERROR_HOOKS
+from sgd._common.run_hooks import INTERRUPT_HOOKS, RESET_HOOKS, RUN_CONTEXTS, RUN_END_HOOKS, RUN_ERROR_HOOKS
 
 
 class Workers(Protocol):
@@ -33,6 +33,15 @@ class Workers(Protocol):
 
     @property
     def num_gpus_per_worker(self) -> float: ...
+
+    @property
+    def run_notes(self) -> Sequence[Optional[Dict[str, Any]]]:
+        """What each worker's run-end hooks (:func:`on_worker_run_end`) said when the group's
+        last run ended cleanly, in world-rank order (a dict by hook key); empty, or ``None`` for
+        a worker, when there is nothing to tell: no run yet, the last one failed or was stopped,
+        the worker is new. Read it in :meth:`Backend.on_training_start` to skip a per-run call
+        to every worker (one round trip of N calls) when the last run left them as they should be."""
+        ...
 
     def __len__(self) -> int: ...
 
@@ -176,6 +185,22 @@ def on_worker_reset(hook: Callable[[], None]) -> None:
 
     if hook not in RESET_HOOKS:
         RESET_HOOKS.append(hook)
+
+
+def on_worker_run_end(key: str, hook: Callable[[], Any]) -> None:
+    """On a worker (from code the backend runs there): run ``hook()`` in the training thread each
+    time a training function on this worker returned (not when it raised or was stopped); what it
+    returns travels to the driver with the run's end, at no extra call, and the next run's
+    :meth:`Backend.on_training_start` finds it in ``worker_group.run_notes[rank][key]``.
+
+    For a backend that would otherwise ask every worker at the start of each run whether the
+    last run left its framework as set up: sgd-torch notes whether the process group is still
+    there (a training function may have destroyed it) and checks only when one is not. The
+    value must pickle; keep it small. A hook that raises is logged and its key left out.
+    Registering another hook under the same key replaces it.
+    """
+
+    RUN_END_HOOKS[key] = hook
 
 
 def on_worker_run(context: Callable[[], ContextManager[Any]]) -> None:

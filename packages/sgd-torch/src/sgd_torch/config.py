@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING, Any, Optional, Tuple
 import ray
 
 from sgd.backend import Backend, BackendConfig, free_address, share_cuda_visible_devices
-from sgd_torch.process_group import _destroy_process_group, _init_process_group, _set_env, _start_run, _track_own_group
+from sgd_torch.process_group import (
+    GROUP_NOTE,
+    _destroy_process_group,
+    _init_process_group,
+    _set_env,
+    _start_run,
+    _track_own_group,
+)
 from sgd_torch.transport import _from_transport, _to_cpu, _to_transport
 from sgd_torch.transport import _NumpyTensor as _NumpyTensor
 
@@ -83,6 +90,15 @@ class TorchConfig(BackendConfig):
 # --- driver side -----------------------------------------------------------------
 
 
+def _kept_their_group(worker_group: Workers) -> bool:
+    """Whether every worker noted at the end of the group's last run (which ended cleanly) that
+    its process group was still there (``Workers.run_notes``, from sgd-core 2026-11-26 on)."""
+    notes = getattr(worker_group, "run_notes", None)
+    if not notes or len(notes) != len(worker_group):
+        return False
+    return all(n is not None and n.get(GROUP_NOTE) is True for n in notes)
+
+
 class TorchBackend(Backend):
     """The ``"torch"`` backend's lifecycle: ``MASTER_ADDR``/``RANK``... on every worker and
     one ``torch.distributed`` process group (gloo, or NCCL with GPUs); tensors and modules
@@ -147,6 +163,10 @@ class TorchBackend(Backend):
 
     def on_training_start(self, worker_group: Workers, backend_config: BackendConfig) -> None:
         assert isinstance(backend_config, TorchConfig)
+        if backend_config.init_process_group and _kept_their_group(worker_group):
+            # Every worker ended the last run with its process group in place (a run-end note):
+            # no call to them. Each run resets torch's state by itself (a run context).
+            return
         # Nothing of the previous run on these workers reaches this one (see _reset_run_state;
         # sgd_torch.accelerate's switch is per run already).
         grouped = worker_group.execute(_start_run)

@@ -8,12 +8,13 @@ the torch state a fresh process would have. Nothing here imports torch at module
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from datetime import timedelta
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Iterator, Optional, Tuple
 
-from sgd.backend import on_worker_interrupt, on_worker_reset, on_worker_run_error
+from sgd.backend import on_worker_interrupt, on_worker_reset, on_worker_run, on_worker_run_end, on_worker_run_error
 from sgd_torch.sockets import OpenedSockets
 
 
@@ -39,6 +40,28 @@ def _init_process_group(backend: str, init_method: str, rank: int, world_size: i
     on_worker_interrupt(_interrupt_process_group)
     if release_on_error:
         on_worker_run_error(_destroy_process_group)
+    # Every run starts fresh on its own (no call from the driver), and says at its end whether
+    # it left the group in place: the driver asks the workers before a run only when one did not.
+    on_worker_run(_fresh_run)
+    on_worker_run_end(GROUP_NOTE, _has_group)
+
+
+#: The run-end note (``Workers.run_notes``) that says a worker's process group is still there.
+GROUP_NOTE = "sgd_torch.process_group"
+
+
+@contextlib.contextmanager
+def _fresh_run() -> Iterator[None]:
+    """Around every training function (in the training thread): the torch state of a fresh
+    process (:func:`_reset_run_state`) and the device for Hugging Face Accelerate."""
+    _prepare_run()
+    yield
+
+
+def _has_group() -> bool:
+    import torch.distributed as dist
+
+    return bool(dist.is_available() and dist.is_initialized())
 
 
 #: The sockets the current process group opened on this worker (what an interrupt shuts).
@@ -148,11 +171,13 @@ def _destroy_process_group() -> None:
 def _start_run() -> bool:
     """Before a run on a worker: reset torch's state (:func:`_reset_run_state`); whether the
     process group sgd set up is still there (a failed run destroys it)."""
-    _reset_run_state()
-    import torch.distributed as dist
+    _prepare_run()
+    return _has_group()
 
+
+def _prepare_run() -> None:
+    _reset_run_state()
     from sgd_torch.train_loop_utils import get_device
 
     # Hugging Face Accelerate reads the device from here (Ray Train sets it too).
     os.environ["ACCELERATE_TORCH_DEVICE"] = str(get_device())
-    return dist.is_available() and dist.is_initialized()

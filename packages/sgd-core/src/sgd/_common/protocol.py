@@ -14,6 +14,11 @@ Item kinds:
   round by joining N strings, with no per-value work). Decoding takes the three out.
 - ``CHECKPOINT``: ``sgd.save_checkpoint``. Rank 0 sends the :class:`WrittenCheckpoint` it wrote
   its state into; other ranks send ``None`` so the driver can check that every rank took part.
+- ``NOTE``: what the backend's run-end hooks said on the worker (:func:`sgd.backend.on_worker_run_end`),
+  with the reply that ends a run that returned; taken out by the collector, like ``LOG``.
+- ``LOG``: what a worker on another host than the driver's printed since its last poll
+  (``(rank, bytes)``, for ``run_dir/logs/rank_N.log``); at most one, always the batch's last
+  item, taken out by the collector before rounds are lined up (:mod:`sgd._worker.rank_logs`).
 
 A checkpoint passed with a report (under :data:`CHECKPOINT_KEY`) is a :class:`WrittenCheckpoint`
 too: whatever the checkpoint (a dict, a directory, a shard), only a path and scores travel.
@@ -31,6 +36,8 @@ from sgd.redact import redact
 
 REPORT = "report"
 CHECKPOINT = "checkpoint"
+LOG = "log"
+NOTE = "note"
 
 #: Key of a report dict that carries the checkpoint passed with it; removed by :func:`decode_round`.
 CHECKPOINT_KEY = "_sgd_checkpoint"

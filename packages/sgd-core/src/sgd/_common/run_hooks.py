@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from contextlib import ExitStack
-from typing import Any, Callable, ContextManager, List
+from typing import Any, Callable, ContextManager, Dict, List, Optional
 
 #: entered in the training thread, in order, around every training function
 RUN_CONTEXTS: List[Callable[[], ContextManager[Any]]] = []
@@ -18,6 +18,23 @@ INTERRUPT_HOOKS: List[Callable[[], None]] = []
 #: run in the training thread, in order, when a run in ``sgd.elastic.run`` goes on in a re-formed
 #: group, before its state is tied to the new group
 RESET_HOOKS: List[Callable[[], None]] = []
+#: run in the training thread after a training function returned; what each returns (by its key)
+#: reaches the driver with the run's end (``Workers.run_notes``)
+RUN_END_HOOKS: Dict[str, Callable[[], Any]] = {}
+
+
+def run_end_hooks() -> Optional[Dict[str, Any]]:
+    """What the run-end hooks say, by key (``None`` when none is registered); a hook that
+    raises is logged and left out."""
+    if not RUN_END_HOOKS:
+        return None
+    notes: Dict[str, Any] = {}
+    for key, hook in list(RUN_END_HOOKS.items()):
+        try:
+            notes[key] = hook()
+        except Exception:
+            logging.getLogger("sgd").exception("a run-end hook (%r) raised", hook)
+    return notes
 
 
 def run_error_hooks() -> None:

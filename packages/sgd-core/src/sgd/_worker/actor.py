@@ -134,12 +134,17 @@ class WorkerMixin:
 
         ``reforms``: the backend can re-form the group in place (:mod:`sgd.elastic`); ``join``
         (with the root's ``snapshot``): this worker joins a run that re-formed its group."""
+        # What the driver sends a worker once (its node, its file server), kept for later runs:
+        # taken before anything here can fail (the driver counts it as sent).
+        run_info = dict(run_info or {})
+        STATE.sent_once.update({k: run_info[k] for k in SENT_ONCE if k in run_info})
         train_func, encode, checkpoint = _user_code(user_code, preloads)
         previous = STATE.session
         if previous is not None and not previous.finished:
             raise RuntimeError("a training function is still running on this worker")
         assert STATE.context is not None, "worker context must be set before training"
         if run_info:
+            run_info.update(STATE.sent_once)
             STATE.context = dataclasses.replace(STATE.context, **run_info)  # type: ignore[arg-type]
         session = Session(
             train_func, STATE.context, encode, checkpoint, dataset_shard, max_pending, start_iteration,
@@ -219,6 +224,10 @@ class WorkerMixin:
         return session.poll(max_items)
 
 
+#: The run-info fields the driver sends each worker process once (the same for every run of the
+#: group): a start call without them keeps the last ones sent (``WorkerState.sent_once``).
+SENT_ONCE = ("driver_node_id", "driver_files")
+
 #: The worker context's fields that describe the run rather than the worker's place.
 _RUN_FIELDS = ("experiment_name", "trial_dir", "trial_name", "trial_id", "driver_node_id", "driver_files",
                "local_gpus")
@@ -231,8 +240,9 @@ def _rank_log(session: Session) -> Any:
         return None
     rank = session.context.world_rank
     try:
-        files = None if session.shares_driver_disk else session.driver_files
-        return RankLog(rank, rank_log_path(run_dir, rank), files)
+        # Elsewhere than on the driver's host, the output goes to the driver with the poll replies.
+        sink = None if session.shares_driver_disk else session.send_log
+        return RankLog(rank, rank_log_path(run_dir, rank), sink)
     except Exception as exc:  # a log is not worth a run
         logging.getLogger("sgd").warning("rank %d: no log file in %s/logs: %s", rank, run_dir, exc)
         return None

@@ -7,8 +7,9 @@ the rank's log file. At the level of file descriptors, so ``print``, ``logging``
 before the run, C extensions (gloo, NCCL) and subprocesses are all caught.
 
 A worker on the driver's host appends to the file itself. A worker on a host with a disk of its
-own sends what it wrote through sgd's file server on the driver's host (``driver_files``), every
-half second or 64 KB, and what is left when the run ends.
+own hands what it wrote to its session (``sink``), which sends it to the driver with its poll
+replies (a ``LOG`` item: no call of its own), at least every half second or 64 KB, and what is
+left with the reply that ends the run; the driver appends it (:func:`append_rank_log`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import os
 import socket
 import threading
 import time
-from typing import Any, List, Optional
+from typing import Any, Callable, Optional
 
 #: How often (seconds) and from how many bytes a worker elsewhere sends its log lines.
 FLUSH_S = 0.5
@@ -25,18 +26,19 @@ FLUSH_BYTES = 64 * 1024
 
 
 class RankLog:
-    """The tee of one run on one worker: :meth:`close` puts the descriptors back."""
+    """The tee of one run on one worker: :meth:`close` puts the descriptors back.
 
-    def __init__(self, rank: int, path: str, driver_files: Any = None) -> None:
+    :param sink: for a worker on another host than the driver's: called with each chunk of
+        output instead of writing ``path`` (the session sends it to the driver).
+    """
+
+    def __init__(self, rank: int, path: str, sink: Optional[Callable[[bytes], None]] = None) -> None:
         self._rank = rank
         self._path = path
-        self._files = driver_files
+        self._sink = sink
         self._prefix = f"[rank {rank}] ".encode()
-        self._pending: List[bytes] = []
-        self._pending_bytes = 0
-        self._lock = threading.Lock()
         self._file: Optional[Any] = None
-        if driver_files is None:
+        if sink is None:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             self._file = open(path, "ab", buffering=0)
         self._saved = {fd: os.dup(fd) for fd in (1, 2)}
@@ -51,13 +53,8 @@ class RankLog:
         for fd in (1, 2):
             os.dup2(write_fd, fd)
         os.close(write_fd)
-        self._closed = threading.Event()
         self._reader = threading.Thread(target=self._read, name="sgd-rank-log", daemon=True)
         self._reader.start()
-        self._sender: Optional[threading.Thread] = None
-        if driver_files is not None:
-            self._sender = threading.Thread(target=self._send_loop, name="sgd-rank-log-send", daemon=True)
-            self._sender.start()
         self._log(f"=== rank {rank}: pid {os.getpid()} on {socket.gethostname()}, "
                   f"{time.strftime('%Y-%m-%d %H:%M:%S')} ===\n".encode())
 
@@ -87,46 +84,28 @@ class RankLog:
             pass
 
     def _log(self, data: bytes) -> None:
-        if self._files is None:
-            if self._file is None:
-                return
-            try:
-                self._file.write(data)
-            except OSError as e:  # a full disk must not stop the reader: the pipe would fill and block the worker
-                file, self._file = self._file, None
-                try:
-                    file.close()
-                except OSError:
-                    pass
-                self._console(self._prefix + f"sgd: cannot write {self._path} any more ({e}); "
-                              "this rank's output goes to the console only\n".encode(errors="replace"))
+        if self._sink is not None:
+            self._sink(data)
             return
-        with self._lock:
-            self._pending.append(data)
-            self._pending_bytes += len(data)
-            full = self._pending_bytes >= FLUSH_BYTES
-        if full:
-            self._send()
-
-    def _send(self) -> None:
-        with self._lock:
-            data, self._pending, self._pending_bytes = b"".join(self._pending), [], 0
-        if data and self._files is not None:
+        if self._file is None:
+            return
+        try:
+            self._file.write(data)
+        except OSError as e:  # a full disk must not stop the reader: the pipe would fill and block the worker
+            file, self._file = self._file, None
             try:
-                self._files.append(self._path, data)
-            except Exception:  # the driver's host gone: the console still has it
+                file.close()
+            except OSError:
                 pass
-
-    def _send_loop(self) -> None:
-        while not self._closed.wait(FLUSH_S):
-            self._send()
+            self._console(self._prefix + f"sgd: cannot write {self._path} any more ({e}); "
+                          "this rank's output goes to the console only\n".encode(errors="replace"))
 
     def note(self, text: str) -> None:
         """Add ``text`` to the log only (the driver shows it on the console already)."""
         self._log(text.encode(errors="replace") + (b"" if text.endswith("\n") else b"\n"))
 
     def close(self) -> None:
-        """Put descriptors 1 and 2 back; write (or send) what is left."""
+        """Put descriptors 1 and 2 back; write (or hand to the sink) what is left."""
         import sys
 
         for stream in (sys.stdout, sys.stderr):
@@ -140,10 +119,6 @@ class RankLog:
         os.close(self._read_fd)
         for saved in self._saved.values():
             os.close(saved)
-        self._closed.set()
-        if self._sender is not None:
-            self._sender.join(timeout=5)
-        self._send()
         if self._file is not None:
             try:
                 self._file.close()
@@ -153,3 +128,26 @@ class RankLog:
 
 def rank_log_path(run_dir: str, rank: int) -> str:
     return os.path.join(run_dir, "logs", f"rank_{rank}.log")
+
+
+class RankLogFiles:
+    """On the driver: what the workers on other hosts printed (``LOG`` items of their poll
+    replies), appended to their ``run_dir/logs/rank_N.log`` (one ``open``/``write``/``close`` at
+    the level of file descriptors per item; the folder made once)."""
+
+    def __init__(self, run_dir: str) -> None:
+        self._folder = os.path.join(run_dir, "logs")
+        self._made = False
+
+    def append(self, rank: int, data: bytes) -> None:
+        """Raises ``OSError``."""
+        if not self._made:
+            os.makedirs(self._folder, exist_ok=True)
+            self._made = True
+        fd = os.open(os.path.join(self._folder, f"rank_{int(rank)}.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)

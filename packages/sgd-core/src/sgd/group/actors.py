@@ -20,11 +20,13 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import ray
 
 from sgd._common.nodes import NODE_CHECK_INTERVAL_S, NodeInfo, NodeWatch
+from sgd._worker.actor import SENT_ONCE
+from sgd._worker.rank_logs import RankLogFiles
 from sgd._worker.session import DEFAULT_MAX_PENDING
 from sgd.backend import Backend, BackendConfig
 from sgd.group.deaths import deaths_as_errors, idle_survivors
@@ -102,6 +104,11 @@ class ActorGroup(_Placing, _InPlace):
         self._reforms = False
         # Workers started to grow the current in-place run, not yet in the group (slots, actors, metadata).
         self._joining: Optional[tuple] = None
+        # Per worker process (actor id): the run info sent to it once (SENT_ONCE: the driver's node,
+        # the file server), left out of its later runs' start calls while it stays the same.
+        self._sent_once: Dict[Any, tuple] = {}
+        # Where the workers' output goes on the driver's disk: (run directory, its RankLogFiles).
+        self._log_files: Optional[Tuple[str, RankLogFiles]] = None
 
     @property
     def needs_restart(self) -> bool:
@@ -190,6 +197,8 @@ class ActorGroup(_Placing, _InPlace):
             placement that timed out), or ``None``.
         """
         self._end_rounds()
+        if self.worker_group is not None:
+            self.worker_group.run_notes = []  # new workers have told nothing
         try:
             self._restart(error, size, move)
         except Exception as exc:
@@ -281,6 +290,8 @@ class ActorGroup(_Placing, _InPlace):
         run_info["driver_files"] = self._inputs.file_server(request, wg, driver_node)
         with deaths_as_errors(wg, "starting the training function"):
             self.hook.sgd_backend_training_start(**self._hook_kwargs())
+        wg.run_notes = []  # they told of the last run; this one tells its own when it ends cleanly
+        self._inputs.ready()  # told while the backend's calls went on
         self._request, self._run_info = request, run_info
         self._reforms = self.backend.reforms_in_place(wg, self.backend_config)
         refs = self._start_training(list(range(len(wg))), shards or [None] * len(wg), request.start_iteration)
@@ -288,7 +299,16 @@ class ActorGroup(_Placing, _InPlace):
         self._dirty = True
         # Not waited for here: the collector waits on these with the rounds, so that a worker
         # whose run failed at once is seen even while another one's start has not returned.
-        self._rounds = RoundCollector(wg.workers, starts=refs, lost_hosts=self.on_lost_hosts)
+        self._rounds = RoundCollector(wg.workers, starts=refs, lost_hosts=self.on_lost_hosts, on_log=self.write_log)
+
+    def write_log(self, rank: int, data: bytes) -> None:
+        """What the worker of ``rank`` on another host printed, to its log in the run directory."""
+        run_dir = self._run_info.get("trial_dir")
+        if not run_dir:
+            return
+        if self._log_files is None or self._log_files[0] != run_dir:
+            self._log_files = (run_dir, RankLogFiles(run_dir))
+        self._log_files[1].append(rank, data)
 
     def on_lost_hosts(self, indices: List[int]) -> List[int]:
         """Which of the workers at ``indices`` run on a host that is gone (its raylet does not
@@ -312,21 +332,32 @@ class ActorGroup(_Placing, _InPlace):
         user_code = (request.train_func, backend_cls.encode_data, request.checkpoint)
         # From PUT_CODE_FROM workers on, sent once rather than once per worker: each form (the
         # code, or its pickle for workers with a preload pending) is put in the object store once
-        # and every worker gets a reference (a resumed run's checkpoint is serialised once).
+        # and every worker gets a reference (a resumed run's checkpoint is serialised once). A
+        # pickle smaller than INLINE_CODE_BYTES travels in each call instead: fetching an object
+        # from another node's store costs every worker more than the bytes in its call.
         refs: List[Any] = []
         pickled: Optional[bytes] = None
         put: Dict[bool, Any] = {}
+        once = tuple(self._run_info.get(k) for k in SENT_ONCE)
+        short = {k: v for k, v in self._run_info.items() if k not in SENT_ONCE}
         for rank in ranks:
             code, preloads = wg.user_code_for(rank, user_code, pickled)
             if preloads:
                 pickled = code
-            if len(ranks) >= PUT_CODE_FROM:
+            if len(ranks) >= PUT_CODE_FROM and not (preloads and len(code) < INLINE_CODE_BYTES):
                 if bool(preloads) not in put:
                     put[bool(preloads)] = ray.put(code)
                 code = put[bool(preloads)]
-            refs.append(wg.workers[rank]._sgd_start_training.remote(
+            worker = wg.workers[rank]
+            told = self._sent_once.get(worker._actor_id)
+            if told is not None and all(a is b or a == b for a, b in zip(told, once)):
+                run_info = short  # an actor handle costs both sides far more than plain data
+            else:
+                run_info = self._run_info
+                self._sent_once[worker._actor_id] = once
+            refs.append(worker._sgd_start_training.remote(
                 code, shards[rank], self.max_pending, start_iteration, request.checkpoint_target,
-                self._run_info, preloads, self._reforms, join, snapshot,
+                run_info, preloads, self._reforms, join, snapshot,
             ))
         return refs
 
@@ -354,7 +385,11 @@ class ActorGroup(_Placing, _InPlace):
         return self.worker_group.stacks(timeout_s, include_idle)
 
     def end(self, ok: bool, error: Optional[BaseException] = None) -> None:
-        """Close a run: on success just forget it; on failure stop every worker at once."""
+        """Close a run: on success just forget it (keeping what its workers noted at the end, for
+        the backend's next ``on_training_start``); on failure stop every worker at once."""
+        if ok and self._rounds is not None and self.worker_group is not None:
+            if len(self._rounds.notes) == len(self.worker_group):
+                self.worker_group.run_notes = list(self._rounds.notes)
         self._end_rounds()
         self._inputs.run_ended()
         if self.worker_group is None:
@@ -393,6 +428,7 @@ class ActorGroup(_Placing, _InPlace):
     def shutdown(self) -> None:
         self._end_rounds()
         self._inputs.shutdown()
+        self._sent_once.clear()
         if self.worker_group is not None:
             wg, self.worker_group = self.worker_group, None
             wg.shutdown()
@@ -406,6 +442,8 @@ BackendExecutor = ActorGroup
 #: From this many workers on, a run's code and checkpoint are put in the object store once and
 #: sent by reference (below it, inline in each call is cheaper).
 PUT_CODE_FROM = 4
+#: A run's code pickled smaller than this (bytes) is sent in every start call all the same.
+INLINE_CODE_BYTES = 64 * 1024
 
 
 #: After a worker died, how long the others get to end their run (they are asked to stop at

@@ -28,6 +28,8 @@ class RunInputs:
         # it serves so far ("w:" writable, "r:" readable)
         self._files: Any = None
         self._served: Set[str] = set()
+        # the call that tells the server of a new run's folders, until it returned (see ready)
+        self._allowing: Any = None
 
     def shards(self, request: RunRequest, wg: WorkerGroup) -> Optional[List[Any]]:
         """The dataset split for the group's size: made once per run and size (a restarted
@@ -59,19 +61,28 @@ class RunInputs:
 
     def file_server(self, request: RunRequest, wg: WorkerGroup, driver_node: str) -> Any:
         """The file server on the driver's host when a worker's host is another one (a disk of
-        its own): started once per group, told of new folders only when a run needs them."""
+        its own): started once per group, told of new folders only when a run needs them. The
+        telling is not waited for here: call :meth:`ready` before the workers may use them
+        (the driver's other calls of the run's start go on meanwhile)."""
         if self._files is None and all(m.node_id == driver_node for m in wg.metadata):
             return None
         wanted = {*(f"w:{p}" for p in request.writable), *(f"r:{p}" for p in request.readable)}
         if self._files is None:
             self._files = start_server(driver_node, list(request.writable), list(request.readable))
         elif not wanted <= self._served:
-            ray.get(self._files.allow.remote(list(request.writable), list(request.readable)))
+            self._allowing = self._files.allow.remote(list(request.writable), list(request.readable))
         self._served |= wanted
         return self._files
 
+    def ready(self) -> None:
+        """Wait until the file server serves the folders :meth:`file_server` told it of."""
+        if self._allowing is not None:
+            allowing, self._allowing = self._allowing, None
+            ray.get(allowing)
+
     def shutdown(self) -> None:
         self._shards = None
+        self._allowing = None
         if self._files is not None:
             files, self._files, self._served = self._files, None, set()
             with contextlib.suppress(Exception):

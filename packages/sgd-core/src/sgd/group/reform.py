@@ -95,7 +95,8 @@ def reform_in_place(group: Any, barrier: Barrier, iteration: int) -> None:
         refs = group._start_training(new, shards or [None] * len(wg), iteration, join, snapshot)
         for r, ref in zip(new, refs):
             starts[r] = ref
-    collector = RoundCollector(list(wg.workers), starts=starts, lost_hosts=group.on_lost_hosts)
+    collector = RoundCollector(list(wg.workers), starts=starts, lost_hosts=group.on_lost_hosts,
+                               on_log=group.write_log)
     collector.elastic = True
     group._rounds = collector
     now = time.monotonic()

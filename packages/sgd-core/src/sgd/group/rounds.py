@@ -1,10 +1,16 @@
 """Collecting report rounds: one item from every worker, in order, decoded.
 
-:class:`RoundCollector` keeps one open poll per worker (each returns a batch of items) and
-one *watch* call per worker that fails as soon as its process dies, and lines the items up
-into rounds. The calls that start the training function are part of the same wait: the driver
+:class:`RoundCollector` keeps one open call per running worker that fails as soon as its
+process dies: its poll (which returns a batch of items), or, while the driver does not poll it
+(it holds many of its items, or the worker waits for a checkpoint to be acknowledged or at the
+reset barrier), a *watch* call, opened once per run and only then. It lines the items up into
+rounds. The calls that start the training function are part of the same wait: the driver
 never blocks on one worker's start while another worker's run has already failed (a worker
 whose peer raised at once can be stuck in a collective before its own start call returns).
+
+A run therefore costs each worker one start call and its polls (two for a run with one report:
+the report, then the end); a worker's output (a ``LOG`` item, from a worker on another host)
+comes with its poll replies and goes to ``on_log``.
 :meth:`RoundCollector.poll` returns what happened as a :class:`~sgd.group.status.Poll`: a
 round, the end, a death (:class:`~sgd.errors.WorkerDiedError`), a worker's own exception
 (after the rounds every worker had already reported were handed out), or idle.
@@ -22,7 +28,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from sgd._common.peers import reads_like_peer_failure
-from sgd._common.protocol import CHECKPOINT, CHECKPOINT_KEY, REPORT, RemoteError, decode_round
+from sgd._common.protocol import CHECKPOINT, CHECKPOINT_KEY, LOG, NOTE, REPORT, RemoteError, decode_round
 from sgd._common.waits import wait
 from sgd._worker.unsendable import recover_poll
 from sgd.errors import WorkerDiedError, WorkerError
@@ -93,7 +99,8 @@ class RoundCollector(ResetBarrier):
     barrier of a run in ``sgd.elastic.run`` is :class:`~sgd.group.resets.ResetBarrier`'s."""
 
     def __init__(self, workers: List[Any], starts: Optional[List[Optional[ray.ObjectRef]]] = None,
-                 lost_hosts: Optional[Callable[[List[int]], List[int]]] = None):
+                 lost_hosts: Optional[Callable[[List[int]], List[int]]] = None,
+                 on_log: Optional[Callable[[int, bytes], None]] = None):
         n = len(workers)
         self._workers = workers
         self._pending: List[Deque[Tuple[str, Any]]] = [deque() for _ in range(n)]
@@ -104,18 +111,21 @@ class RoundCollector(ResetBarrier):
         self._drain_deadline = 0.0
         self._inflight: Dict[ray.ObjectRef, int] = {}  # open poll → worker index
         self._polling: set = set()  # indices of the workers with an open poll
-        # One open call per worker that errors as soon as its process dies, so a
-        # death is seen even while the driver waits on another worker's poll. A worker
-        # whose start call has not returned yet is watched through that call instead.
+        # A death is seen even while the driver waits on another worker's poll: every running
+        # worker has a call open that errors as soon as its process dies. A worker whose start
+        # call has not returned yet is watched through that call, one with a poll open through
+        # the poll, one the driver does not poll now through a watch (opened once, see _watch).
         self._watches: Dict[ray.ObjectRef, int] = {}
+        self._watched: set = set()  # indices of the workers with a watch open
         self._starting: Dict[ray.ObjectRef, int] = {}
-        for i, w in enumerate(workers):
+        for i in range(n):
             start = starts[i] if starts is not None else None
             if start is not None:
                 self._starting[start] = i
-            else:
-                self._watches[w._sgd_watch.remote()] = i
         self._started = [starts is None or starts[i] is None for i in range(n)]
+        self._on_log = on_log
+        #: what each worker's run-end hooks said when its run returned (sgd.backend.on_worker_run_end)
+        self.notes: List[Optional[Dict[str, Any]]] = [None] * n
         #: when (monotonic) a worker last sent an item, ended or started its run
         self.last_progress = time.monotonic()
         self._init_resets(lost_hosts)
@@ -196,6 +206,7 @@ class RoundCollector(ResetBarrier):
 
     def _receive(self, ready: List[Any]) -> None:
         """Take in the calls that returned: a watch (a death, or the run's end) or a poll's batch."""
+        replies = self._get_replies([ref for ref in ready if ref in self._inflight or ref in self._starting])
         for ref in ready:
             if ref in self._interrupts:
                 i, _ = self._interrupts.pop(ref)
@@ -208,16 +219,21 @@ class RoundCollector(ResetBarrier):
                 continue  # a call of a worker that is gone
             try:
                 if ref in self._watches or ref in self._starting:
-                    self._check_watch(ref)
+                    self._check_watch(ref, returned=ref in replies)
                     continue
                 i = self._inflight.pop(ref)
                 self._polling.discard(i)
-                batch, finished, value, error = self._get_poll(ref, i)
+                reply = replies.get(ref)
+                batch, finished, value, error = reply if reply is not None else self._get_poll(ref, i)
             except WorkerDiedError as death:
                 if not self.elastic:
                     raise
                 self._lose(death.world_rank, death)
                 continue
+            if batch and batch[-1][0] == LOG:
+                self._take_log(batch.pop()[1])
+            if batch and batch[-1][0] == NOTE:
+                self.notes[i] = batch.pop()[1]
             if any(kind == ELASTIC for kind, _ in batch):
                 for kind, data in batch:
                     if kind == ELASTIC:
@@ -244,6 +260,38 @@ class RoundCollector(ResetBarrier):
             elif (error is None and len(self._pending[i]) < PREFETCH_BELOW and not _awaits_ack(batch)
                   and i not in self._arrived):
                 self._poll(i)
+            else:
+                self._watch(i)  # not polled for now: its death must still be seen
+
+    def _get_replies(self, refs: List[Any]) -> Dict[Any, Any]:
+        """The replies of polls (and start calls) that returned, with one ``ray.get`` for all of
+        them; empty when one of them failed (each is then read on its own, and the failure said
+        for its worker)."""
+        if len(refs) < 2:
+            return {}
+        try:
+            return dict(zip(refs, ray.get(refs)))
+        except Exception:
+            return {}
+
+    def _take_log(self, log: Any) -> None:
+        """A worker's output (a ``LOG`` item) to its rank log on the driver's disk."""
+        if self._on_log is None:
+            return
+        rank, data = log
+        try:
+            self._on_log(rank, data)
+        except OSError as exc:
+            if not getattr(self, "_log_failed", False):
+                self._log_failed = True
+                logger.warning("cannot write rank %s's log on the driver's disk (%s); its output goes to the "
+                               "console only", rank, exc)
+
+    def _watch(self, i: int) -> None:
+        """Open a watch on worker ``i`` (one per run) unless it has one, or its run is over."""
+        if i not in self._watched and not self._done[i] and i not in self._gone:
+            self._watched.add(i)
+            self._watches[self._workers[i]._sgd_watch.remote()] = i
 
     def _poll(self, i: int) -> None:
         """Open a poll on worker ``i`` unless one is open (or its run has not started yet, or
@@ -285,22 +333,28 @@ class RoundCollector(ResetBarrier):
         if sum(map(len, self._pending)) > before:  # progress: a slow peer is still reporting
             self._drain_deadline = time.monotonic() + ERROR_DRAIN_S
 
-    def _check_watch(self, ref: Any) -> None:
+    def _check_watch(self, ref: Any, returned: bool = False) -> None:
         """A watch call returned: fine if the worker's run ended, a death otherwise. A start
-        call returned: the worker's run started (watch it from now on), or it died first."""
+        call returned: the worker's run started (poll or watch it from now on), or it died first
+        (``returned``: already read, it did not)."""
         if ref in self._starting:
             i = self._starting.pop(ref)
             try:
-                ray.get(ref)
+                if not returned:
+                    ray.get(ref)
             except RayActorError as exc:
                 raise WorkerDiedError(
                     f"worker rank {i} died while its training function started: {short_error(exc)}", i
                 ) from exc
             self._started[i] = True
             self.last_progress = time.monotonic()
-            self._watches[self._workers[i]._sgd_watch.remote()] = i
+            if i in self._arrived or self._pending[i] or self._done[i]:
+                self._watch(i)
+            else:
+                self._poll(i)  # its poll is its watch from now on
             return
-        self._get(ref, self._watches.pop(ref))
+        i = self._watches.pop(ref)
+        self._get(ref, i)
 
     def _raise_error(self) -> None:
         """Raise the worker's error, unless a worker died: a peer's death makes the others'
@@ -309,7 +363,8 @@ class RoundCollector(ResetBarrier):
         assert self._error is not None
         grace = PEER_FAILURE_GRACE_S if looks_like_peer_failure(self._error) else 0.0
         deadline = time.monotonic() + grace
-        while self._watches or self._starting or (looks_like_peer_failure(self._error) and not all(self._done)):
+        while (self._watches or self._starting or self._inflight
+               or (looks_like_peer_failure(self._error) and not all(self._done))):
             # While the error may be an echo, a worker whose run ended is not yet heard from
             # until its poll returns: its end can reach the driver before its error does.
             if looks_like_peer_failure(self._error):

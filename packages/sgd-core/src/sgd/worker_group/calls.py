@@ -80,7 +80,11 @@ class _Calls:
         refs = self.execute_async(fn, *args, **kwargs)
         pending = list(refs)
         while pending:
-            ready, pending = wait(pending, num_returns=1)
+            # Every call that returned (one wait and one get for all of them, so that the
+            # driver's calls do not grow as N² with the workers), else the first to return.
+            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=0)
+            if not ready:
+                ready, pending = wait(pending, num_returns=1)
             try:
                 ray.get(ready)
             except Exception:
@@ -95,7 +99,7 @@ class _Calls:
                     except Exception:
                         pass
                 raise
-        return ray.get(refs)
+        return ray.get(refs)  # read already: no round trip
 
     def execute_single_async(self, index: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> ray.ObjectRef:
         """Run ``fn(*args, **kwargs)`` on worker ``index``; an object ref."""

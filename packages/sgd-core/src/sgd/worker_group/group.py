@@ -133,6 +133,9 @@ class WorkerGroup(_Reservation, _Calls):
         #: a ``Trainer`` run, or ``sgd_horovod.RayExecutor``); ``None`` for a bare group.
         #: It keeps whatever state its backend holds (a rendezvous server...) until shutdown.
         self.backend: Optional[Backend] = None
+        #: What each worker's run-end hooks said when the last run ended cleanly, in rank order
+        #: (see :attr:`sgd.backend.Workers.run_notes`); kept by the run's group.
+        self.run_notes: List[Optional[Dict[str, Any]]] = []
         self.start()
 
     # --- lifecycle ----------------------------------------------------------
