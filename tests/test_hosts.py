@@ -230,7 +230,11 @@ def test_fixed_size_goes_on_when_the_host_comes_back(hosts):
     steps = [r[0]["step"] for r in chaos.rounds]
     assert steps == list(range(1, 9))
     assert all(len(r) == 4 for r in chaos.rounds)
-    assert next(r[0] for r in chaos.rounds if r[0]["step"] == 4)["resumed_from"] == 3
+    # The host is killed when report 3 arrives, while the workers go on to save checkpoint 3: the
+    # group resumes from checkpoint 3 if it was committed before the kill, else from 2 (and step 3,
+    # redone, is not delivered twice: the steps above). Either is the latest committed checkpoint.
+    resumed = [r[0]["resumed_from"] for r in chaos.rounds if r[0]["resumed_from"] != 0]
+    assert resumed and resumed[0] in (2, 3) and set(resumed) == {resumed[0]}
 
 
 def test_a_draining_host_is_left_at_the_next_checkpoint_without_a_failure(hosts):
