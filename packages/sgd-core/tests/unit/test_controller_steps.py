@@ -31,6 +31,14 @@ def _names(group, *wanted):
 # --- a run that goes well --------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("num_to_keep, durable", [(None, True), (2, True), (0, False)])
+def test_the_workers_write_checkpoints_durably_unless_the_run_keeps_none(tmp_path, num_to_keep, durable):
+    group = FakeGroup(1).finish([None])
+    rounds_of(fake_trainer_run(group, tmp_path, num_to_keep=num_to_keep))
+    target = group.requests[-1].checkpoint_target
+    assert target.durable is durable and target.directory == str(tmp_path / "run_001" / "checkpoints")
+
+
 def test_reports_are_delivered_written_and_the_returns_kept(tmp_path):
     group = FakeGroup(2).report({"loss": 1.0}).report({"loss": 0.5}, {"loss": 0.6}).finish(["a", "b"])
     run = fake_trainer_run(group, tmp_path)

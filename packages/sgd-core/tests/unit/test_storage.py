@@ -181,3 +181,19 @@ def test_a_write_through_the_file_server_leaves_no_local_copy_and_says_what_fail
     with pytest.raises(OSError, match="could not write a checkpoint to .*the disk is full"):
         stage_state(_target(m), {"step": 2}, files=Full())
     assert not any(os.path.exists(p) for p in made)
+
+
+def test_a_run_that_keeps_no_checkpoint_writes_without_fsync_and_restarts_from_the_state(tmp_path, monkeypatch):
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
+    kept = _manager(tmp_path / "kept")
+    stage_state(_target(kept), {"step": 1})
+    assert synced, "a checkpoint that is kept reaches the disk before it is reported"
+    synced.clear()
+    m = _manager(tmp_path / "none", num_to_keep=0)
+    target = CheckpointTarget(str(m.checkpoint_dir), m.codec, m.strategy.checkpoint_score_attribute, durable=False)
+    written = stage_state(target, {"step": 2})
+    assert synced == []  # read back and deleted at once: no fsync
+    assert m.register(Path(written.path), written.score_values, 2) is None
+    assert m.restorable() == {"step": 2} and not Path(written.path).exists()

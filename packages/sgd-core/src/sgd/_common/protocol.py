@@ -137,11 +137,15 @@ class WrittenCheckpoint:
 @dataclass
 class CheckpointTarget:
     """Where a run's workers write their checkpoints (every worker gets it): the run's checkpoint
-    folder as the driver sees it, the codec of dict checkpoints, the attribute scored."""
+    folder as the driver sees it, the codec of dict checkpoints, the attribute scored, and
+    whether a write must reach the disk before it is reported (``durable``: fsynced). A run that
+    keeps no checkpoint (``num_to_keep=0``) reads each one back at once and deletes it, so its
+    writes skip the fsyncs."""
 
     directory: str
     codec: str
     score_attribute: str
+    durable: bool = True
 
 
 @dataclass

@@ -235,12 +235,14 @@ class Checkpoint:
 
 
 def write_dict_dir(data: Dict[str, Any], directory: Path, codec: str = DEFAULT_CODEC,
-                   extra_meta: Optional[Dict[str, Any]] = None, hook: Optional[Any] = None) -> None:
+                   extra_meta: Optional[Dict[str, Any]] = None, hook: Optional[Any] = None,
+                   fsync: bool = True) -> None:
     """Write ``data`` into ``directory`` with the registered ``codec`` (files are fsynced;
     the metadata records each file's sha256 and size).
 
     :param hook: the plugin manager whose codecs count (a trainer's own); see
         :func:`sgd.codecs.registered_codecs`.
+    :param fsync: ``False`` for a folder read back and deleted at once (``num_to_keep=0``).
 
     :raises OSError: with ``errno.ENOSPC`` and "the disk is full" when space ran out,
         whichever library was writing.
@@ -250,13 +252,14 @@ def write_dict_dir(data: Dict[str, Any], directory: Path, codec: str = DEFAULT_C
     kept = data.get(PREPROCESSOR_KEY) if isinstance(data, dict) else None
     if isinstance(kept, (bytes, bytearray)):  # a preprocessor: its own file (see sgd.checkpoint.preprocessor)
         data = {k: v for k, v in data.items() if k != PREPROCESSOR_KEY}
-        write_files({PREPROCESSOR_FILE: bytes(kept)}, directory)
+        write_files({PREPROCESSOR_FILE: bytes(kept)}, directory, fsync=fsync)
     try:
         directory.mkdir(parents=True, exist_ok=True)
         with open(state_file, "wb") as f:
             needs_trust = c.save(data, f)
             f.flush()
-            os.fsync(f.fileno())
+            if fsync:
+                os.fsync(f.fileno())
     except Exception as exc:
         if integrity.is_disk_full(exc, directory if directory.exists() else None):
             raise integrity.disk_full_error(exc, state_file) from exc
@@ -267,10 +270,10 @@ def write_dict_dir(data: Dict[str, Any], directory: Path, codec: str = DEFAULT_C
         meta["files"][PREPROCESSOR_FILE] = integrity.file_digest(directory / PREPROCESSOR_FILE)
     if needs_trust:
         meta["needs_trust"] = needs_trust
-    _write_metadata(directory, {**meta, **(extra_meta or {})})
+    _write_metadata(directory, {**meta, **(extra_meta or {})}, fsync=fsync)
 
 
-def _write_metadata(directory: Path, meta: Dict[str, Any]) -> None:
+def _write_metadata(directory: Path, meta: Dict[str, Any], fsync: bool = True) -> None:
     # Written under another name and renamed: whoever sees the file sees all of it (the driver
     # commits an asynchronously written checkpoint once it appears).
     target = directory / METADATA_FILE
@@ -279,7 +282,8 @@ def _write_metadata(directory: Path, meta: Dict[str, Any]) -> None:
         with open(partial, "w") as f:
             json.dump(meta, f)
             f.flush()
-            os.fsync(f.fileno())
+            if fsync:
+                os.fsync(f.fileno())
         os.replace(partial, target)
     except OSError as exc:
         if integrity.is_disk_full(exc):
@@ -310,8 +314,8 @@ def is_sharded(state: Optional[Dict[str, Any]]) -> bool:
     return isinstance(state, dict) and isinstance(state.get(SHARDED_KEY), str)
 
 
-def write_files(files: Dict[str, bytes], directory: Path, overwrite: bool = True) -> None:
-    """Write ``{relative_path: bytes}`` under ``directory`` (fsynced)."""
+def write_files(files: Dict[str, bytes], directory: Path, overwrite: bool = True, fsync: bool = True) -> None:
+    """Write ``{relative_path: bytes}`` under ``directory`` (fsynced unless ``fsync=False``)."""
     for rel, content in files.items():
         target = directory / rel
         if not target.resolve().is_relative_to(directory.resolve()):
@@ -322,7 +326,8 @@ def write_files(files: Dict[str, bytes], directory: Path, overwrite: bool = True
         with open(target, "wb") as f:
             f.write(content)
             f.flush()
-            os.fsync(f.fileno())
+            if fsync:
+                os.fsync(f.fileno())
 
 
 def _read_dict(directory: Path, trusted: bool, where: str) -> Dict[str, Any]:

@@ -53,7 +53,8 @@ class _Recovery:
                 return error
         # Every worker writes its checkpoints into the run's checkpoint folder and sends the path.
         target = CheckpointTarget(str(self._manager.checkpoint_dir), self._manager.codec,
-                                  self._manager.strategy.checkpoint_score_attribute)
+                                  self._manager.strategy.checkpoint_score_attribute,
+                                  durable=self._manager.strategy.num_to_keep != 0)
         self._delivery.restarted(start_iteration)
         self._drain, self._drain_waits_logged = None, False
         return group.begin(RunRequest(

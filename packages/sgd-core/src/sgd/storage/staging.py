@@ -52,7 +52,8 @@ def stage_state(target: CheckpointTarget, state: Dict[str, Any], files: Any = No
     :param state: the state as the backend encoded it (tensors on the CPU, ...).
     :param hook: the plugin manager whose codecs count (the driver's own in local mode).
     """
-    return _stage(target, "state", lambda folder: write_dict_dir(state, folder, target.codec, hook=hook), files,
+    return _stage(target, "state",
+                  lambda folder: write_dict_dir(state, folder, target.codec, hook=hook, fsync=target.durable), files,
                   score_values(target, state))
 
 
