@@ -100,6 +100,10 @@ def main() -> int:
     wall, cpu = time.monotonic() - start, (read() - cpu0) if read else None
     rows = [json.loads(line) for line in lines.read_text().splitlines() if line.strip()] if lines.exists() else []
     text = report(rows, wall, cpu)
+    if "-n" in args.pytest_args or any(a.startswith(("-n", "--numprocesses")) for a in args.pytest_args):
+        # One cgroup holds every xdist worker: a test's CPU figure counts the others' too.
+        text = text.replace("\n", "\n\nRun on xdist workers: the totals hold; per-test and per-file CPU figures "
+                            "count every worker's processes during that test, so they are not the test's own.\n", 1)
     (out / "suite-cost.md").write_text(text)
     (out / "summary.json").write_text(json.dumps({"wall_s": round(wall, 1), "cpu_s": cpu and round(cpu, 1),
                                                   "tests": len(rows), "pytest_rc": rc, "args": args.pytest_args,
