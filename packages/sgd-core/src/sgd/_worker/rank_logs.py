@@ -18,11 +18,57 @@ import os
 import socket
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, List, Optional
 
 #: How often (seconds) and from how many bytes a worker elsewhere sends its log lines.
 FLUSH_S = 0.5
 FLUSH_BYTES = 64 * 1024
+
+
+#: Most bytes of output a worker on another host keeps for the driver (while the driver does not
+#: poll it); beyond, the oldest are dropped (and the log says how many).
+MAX_LOG_BYTES = 16 * 1024 * 1024
+
+
+class PendingOutput:
+    """A worker's output waiting to travel to the driver with a poll reply (a worker on another
+    host than the driver's). Not locked: its owner (the session) holds its condition."""
+
+    def __init__(self) -> None:
+        self._chunks: List[bytes] = []
+        self._bytes = 0
+        self._since = 0.0  # when the oldest chunk came
+        self._dropped = 0
+
+    def add(self, data: bytes) -> bool:
+        """Keep ``data`` (dropping the oldest beyond :data:`MAX_LOG_BYTES`); whether enough
+        waits (:data:`FLUSH_BYTES`) for it to be sent now."""
+        if not self._chunks:
+            self._since = time.monotonic()
+        self._chunks.append(data)
+        self._bytes += len(data)
+        while self._bytes > MAX_LOG_BYTES and len(self._chunks) > 1:
+            dropped = self._chunks.pop(0)
+            self._bytes -= len(dropped)
+            self._dropped += len(dropped)
+        return self._bytes >= FLUSH_BYTES
+
+    def due_in(self, now: float) -> Optional[float]:
+        """Seconds until what waits must be sent (``<= 0``: now), ``None`` when nothing waits."""
+        if not self._chunks:
+            return None
+        return 0.0 if self._bytes >= FLUSH_BYTES else self._since + FLUSH_S - now
+
+    def take(self) -> Optional[bytes]:
+        """Everything waiting, prefixed by a line saying what was dropped; ``None`` if nothing."""
+        if not self._chunks:
+            return None
+        data = b"".join(self._chunks)
+        if self._dropped:
+            data = (f"[sgd: {self._dropped} bytes of output dropped: the driver did not take them in "
+                    "time]\n").encode() + data
+        self._chunks, self._bytes, self._dropped = [], 0, 0
+        return data
 
 
 class RankLog:

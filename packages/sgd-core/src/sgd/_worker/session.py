@@ -47,16 +47,13 @@ from sgd._worker.checkpoint_payloads import materialize, reported_checkpoint, sa
 from sgd._worker.context import PreemptionInfo as PreemptionInfo
 from sgd._worker.context import WorkerContext
 from sgd._worker.driver_disk import _DriverDisk
-from sgd._worker.rank_logs import FLUSH_BYTES, FLUSH_S
+from sgd._worker.rank_logs import PendingOutput
 from sgd._worker.resets import ResetLink
 from sgd.checkpoint import Checkpoint
 from sgd.errors import PeerFailureError, PicklableError
 
 #: How many items a worker may buffer ahead of the driver before ``report`` blocks.
 DEFAULT_MAX_PENDING = int(os.environ.get("SGD_MAX_PENDING_RESULTS", "1024"))
-#: Most bytes of output a worker on another host keeps for the driver (while the driver does not
-#: poll it); beyond, the oldest are dropped (and the log says how many).
-MAX_LOG_BYTES = 16 * 1024 * 1024
 
 
 class _Item:
@@ -119,13 +116,8 @@ class Session(_DriverDisk):
         self._notes: Optional[Dict[str, Any]] = None
         #: The tee of stdout/stderr into ``run_dir/logs/rank_N.log`` (set by the worker actor).
         self.rank_log: Any = None
-        # Output for the driver to write into that log (a worker on another host, see send_log):
-        # the chunks, their size, since when the oldest waits, bytes dropped; the log's rank.
-        self._log_chunks: List[bytes] = []
-        self._log_bytes = 0
-        self._log_since = 0.0
-        self._log_dropped = 0
-        self._log_rank = context.world_rank
+        # Output for the driver to write into that log (a worker on another host, see send_log).
+        self._output = PendingOutput()
 
         self._iteration = start_iteration
         # A drain notice for one of the group's hosts (PreemptionInfo), and the report count
@@ -410,13 +402,13 @@ class Session(_DriverDisk):
             deadline = None if timeout_s is None else time.monotonic() + timeout_s
             while not self._items and not self._finished:
                 now = time.monotonic()
-                if self._log_chunks and (self._log_bytes >= FLUSH_BYTES or now - self._log_since >= FLUSH_S):
+                due = self._output.due_in(now)
+                if due is not None and due <= 0:
                     break  # output waited long enough: sent alone
                 left = None if deadline is None else deadline - now
                 if left is not None and left <= 0:
                     break
-                if self._log_chunks:
-                    due = self._log_since + FLUSH_S - now
+                if due is not None:
                     left = due if left is None else min(left, due)
                 self._cv.wait(left)
             batch: List[Tuple[str, Any]] = []
@@ -429,7 +421,7 @@ class Session(_DriverDisk):
             self._cv.notify_all()
             self._last_batch = batch  # kept until the next poll: see sgd._worker.unsendable
             finished = self._finished and not self._items
-            log = self._take_log()
+            log = self._output.take()
         # Each report's results.jsonl text is encoded here, in the worker (outside the lock, so
         # the training thread goes on reporting), so that the driver's work per round does not
         # grow with the values every worker reports (issue 20).
@@ -439,7 +431,7 @@ class Session(_DriverDisk):
         if finished and self._notes is not None:
             batch = batch + [(NOTE, self._notes)]
         if log is not None:
-            batch = batch + [(LOG, (self._log_rank, log))]
+            batch = batch + [(LOG, (self.context.world_rank, log))]
         return batch, finished, self._result if finished else None, self._error if finished else None
 
     def send_log(self, data: bytes) -> None:
@@ -448,27 +440,8 @@ class Session(_DriverDisk):
         travels with the next poll reply, which comes at the latest :data:`FLUSH_S` seconds
         (or :data:`FLUSH_BYTES`) later, with the run's last reply for what is left at its end."""
         with self._cv:
-            if not self._log_chunks:
-                self._log_since = time.monotonic()
-            self._log_chunks.append(data)
-            self._log_bytes += len(data)
-            while self._log_bytes > MAX_LOG_BYTES and len(self._log_chunks) > 1:
-                dropped = self._log_chunks.pop(0)
-                self._log_bytes -= len(dropped)
-                self._log_dropped += len(dropped)
-            if self._log_bytes >= FLUSH_BYTES:
+            if self._output.add(data):
                 self._cv.notify_all()
-
-    def _take_log(self) -> Optional[bytes]:
-        """The output waiting for the driver, taken (the condition is held)."""
-        if not self._log_chunks:
-            return None
-        data = b"".join(self._log_chunks)
-        if self._log_dropped:
-            data = (f"[sgd: {self._log_dropped} bytes of output dropped: the driver did not take them in "
-                    "time]\n").encode() + data
-        self._log_chunks, self._log_bytes, self._log_dropped = [], 0, 0
-        return data
 
     @property
     def finished(self) -> bool:
