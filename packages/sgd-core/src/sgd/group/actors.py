@@ -293,6 +293,8 @@ class ActorGroup(_Placing, _InPlace):
         wg.run_notes = []  # they told of the last run; this one tells its own when it ends cleanly
         self._inputs.ready()  # told while the backend's calls went on
         self._request, self._run_info = request, run_info
+        live = {w._actor_id for w in wg.workers}  # forget replaced workers (and the handles told them)
+        self._sent_once = {a: told for a, told in self._sent_once.items() if a in live}
         self._reforms = self.backend.reforms_in_place(wg, self.backend_config)
         refs = self._start_training(list(range(len(wg))), shards or [None] * len(wg), request.start_iteration)
         # Until the run ends cleanly, assume it did not.

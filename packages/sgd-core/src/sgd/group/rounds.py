@@ -124,6 +124,7 @@ class RoundCollector(ResetBarrier):
                 self._starting[start] = i
         self._started = [starts is None or starts[i] is None for i in range(n)]
         self._on_log = on_log
+        self._log_failed = False  # a rank log could not be written (said once)
         #: what each worker's run-end hooks said when its run returned (sgd.backend.on_worker_run_end)
         self.notes: List[Optional[Dict[str, Any]]] = [None] * n
         #: when (monotonic) a worker last sent an item, ended or started its run
@@ -282,7 +283,7 @@ class RoundCollector(ResetBarrier):
         try:
             self._on_log(rank, data)
         except OSError as exc:
-            if not getattr(self, "_log_failed", False):
+            if not self._log_failed:
                 self._log_failed = True
                 logger.warning("cannot write rank %s's log on the driver's disk (%s); its output goes to the "
                                "console only", rank, exc)
