@@ -3,7 +3,6 @@
 its polls, nothing else. Two nodes of a ``ray.cluster_utils`` cluster: the worker on the second
 node counts as a host of its own (another node id), as on a real cluster."""
 
-import collections
 import os
 import time
 from pathlib import Path
@@ -17,17 +16,9 @@ pytestmark = pytest.mark.multinode
 
 
 @pytest.fixture
-def calls(monkeypatch):
+def calls(actor_calls):
     """Every actor method call the driver makes, counted by method name."""
-    counted = collections.Counter()
-    remote = ray.actor.ActorMethod._remote
-
-    def counting(self, *args, **kwargs):
-        counted[self._method_name] += 1
-        return remote(self, *args, **kwargs)
-
-    monkeypatch.setattr(ray.actor.ActorMethod, "_remote", counting)
-    return counted
+    return actor_calls
 
 
 @pytest.fixture

@@ -533,23 +533,12 @@ def _unseeded_weights(config):
     return t.item(), torch.nn.Linear(2, 2).weight.flatten().tolist()  # torch's default generator
 
 
-def test_a_run_after_a_clean_one_sends_the_workers_nothing_but_its_start(ray_cluster, monkeypatch):
+def test_a_run_after_a_clean_one_sends_the_workers_nothing_but_its_start(ray_cluster, actor_calls):
     """Each worker notes at a run's end that its process group is still there (a run-end
     hook), so the next run starts without the backend's per-run call to every worker; each run
     still starts from a fresh process's torch state. A run that destroyed the group makes the
     next one check and build it again."""
-    import collections
-
-    import ray
-
-    calls = collections.Counter()
-    remote = ray.actor.ActorMethod._remote
-
-    def counting(self, *args, **kwargs):
-        calls[self._method_name] += 1
-        return remote(self, *args, **kwargs)
-
-    monkeypatch.setattr(ray.actor.ActorMethod, "_remote", counting)
+    calls = actor_calls
     trainer = sgd.Trainer(backend="torch", num_workers=2)
     trainer.start()
     try:

@@ -13,6 +13,7 @@ point). A suite loads it with one line in its top-level ``conftest.py``::
   driver can be connected to one cluster at a time; ``two_node_gpu_cluster``: the same with
   2 logical GPUs per node.
 - ``results_dir``: ``SGD_RESULTS_DIR`` pointed at a temporary folder.
+- ``actor_calls``: the actor method calls the test makes, counted by name.
 - Test modules are pickled by value, so training functions defined in a test
   file run on workers that cannot import the test file by name.
 """
@@ -61,6 +62,25 @@ def ray_cluster() -> Iterator[Dict[str, float]]:
 
     _start_local_ray()
     yield ray.cluster_resources()
+
+
+@pytest.fixture
+def actor_calls(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Every actor method call this process makes from now on, counted by method name (a
+    ``collections.Counter``); the calls themselves go through unchanged."""
+    import collections
+
+    import ray
+
+    counted: Any = collections.Counter()
+    remote = ray.actor.ActorMethod._remote
+
+    def counting(self: Any, *args: Any, **kwargs: Any) -> Any:
+        counted[self._method_name] += 1
+        return remote(self, *args, **kwargs)
+
+    monkeypatch.setattr(ray.actor.ActorMethod, "_remote", counting)
+    return counted
 
 
 @pytest.fixture(scope="module")
