@@ -36,6 +36,7 @@ from sgd.session import (
 )
 from sgd.trainer import Trainer, TrainingIterator
 from sgd.worker_group import ResourcesUnavailableError, WorkerGroup
+from sgd.worker_group.keep import keep_workers, kept_workers
 
 __version__ = "0.1.0"
 
@@ -74,6 +75,8 @@ __all__ = [
     "get_context",
     "get_dataset_shard",
     "get_preemption_info",
+    "keep_workers",
+    "kept_workers",
     "hookimpl",
     "load_checkpoint",
     "local_rank",

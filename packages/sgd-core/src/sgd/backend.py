@@ -111,6 +111,18 @@ class Backend:
         """
         return type(self) is Backend
 
+    def reuses_processes(self, backend_config: BackendConfig) -> bool:
+        """Whether a worker process this backend was set up in can serve another group of the
+        same backend after :meth:`on_shutdown` (:func:`sgd.keep_workers`): ``on_shutdown`` must
+        leave nothing of the framework that the next :meth:`on_start` cannot set up again. Only
+        groups of CPU workers are ever kept.
+
+        The no-op ``"base"`` backend says yes; sgd-torch does (it destroys its process group at
+        shutdown). The default for subclasses is no: a framework that reads its configuration
+        once per process (TensorFlow's ``TF_CONFIG``) cannot be set up a second time there.
+        """
+        return type(self) is Backend
+
     def reforms_in_place(self, worker_group: Workers, backend_config: BackendConfig) -> bool:
         """Whether the group can re-form in place after a loss (:mod:`sgd.elastic`): the
         survivors' processes are kept, :meth:`on_start` runs on the new group (survivors and

@@ -14,6 +14,10 @@ point). A suite loads it with one line in its top-level ``conftest.py``::
   2 logical GPUs per node.
 - ``results_dir``: ``SGD_RESULTS_DIR`` pointed at a temporary folder.
 - ``actor_calls``: the actor method calls the test makes, counted by name.
+- ``sgd_keep_workers = N`` (an ini option; the ``SGD_KEEP_WORKERS`` environment variable wins):
+  the session keeps up to N idle worker processes for the next trainer (:func:`sgd.keep_workers`),
+  so a suite of many small trainers does not start and import a framework in new processes for
+  each. A test marked ``fresh_workers`` gets new processes and leaves none kept.
 - Test modules are pickled by value, so training functions defined in a test
   file run on workers that cannot import the test file by name.
 """
@@ -198,6 +202,25 @@ def results_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Mo
 
 
 @pytest.fixture(autouse=True)
+def _fresh_workers(request: pytest.FixtureRequest) -> Iterator[None]:
+    """For a test marked ``fresh_workers``: no kept worker process is given to it or kept after it."""
+    if request.node.get_closest_marker("fresh_workers") is None:
+        yield
+        return
+    from sgd.worker_group.keep import KEPT, keep_workers
+
+    kept = KEPT.max_idle()
+    if kept and "ray" in sys.modules and sys.modules["ray"].is_initialized():
+        keep_workers(0)
+    else:
+        KEPT.limit = 0
+    try:
+        yield
+    finally:
+        KEPT.limit = kept
+
+
+@pytest.fixture(autouse=True)
 def _pickle_test_module_by_value(request: pytest.FixtureRequest) -> None:
     module = getattr(request, "module", None)
     if module is None or module.__name__ not in sys.modules:
@@ -210,9 +233,25 @@ def _pickle_test_module_by_value(request: pytest.FixtureRequest) -> None:
         pass
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addini(
+        "sgd_keep_workers",
+        "idle worker processes the test session keeps for the next trainer (sgd.keep_workers); 0: none",
+        default="0",
+    )
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (run on the lent device machine)")
     config.addinivalue_line("markers", "multinode: starts its own two-node Ray cluster")
+    config.addinivalue_line(
+        "markers", "fresh_workers: every worker the test starts is a new process (sgd.keep_workers off)"
+    )
+    keep = int(os.environ.get("SGD_KEEP_WORKERS") or config.getini("sgd_keep_workers") or 0)
+    if keep:
+        import sgd
+
+        sgd.keep_workers(keep)
     # Keep Ray quiet and quick in tests.
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     os.environ.setdefault("SGD_INFEASIBLE_TIMEOUT_S", "3")

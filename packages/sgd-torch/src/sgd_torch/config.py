@@ -195,6 +195,11 @@ class TorchBackend(Backend):
         gloo = (backend_config.backend or ("nccl" if use_gpu else "gloo")) == "gloo"
         return backend_config.keep_survivors and gloo
 
+    def reuses_processes(self, backend_config: BackendConfig) -> bool:
+        """A process is clean for another torch group once :meth:`on_shutdown` destroyed its
+        process group (sgd.keep_workers)."""
+        return isinstance(backend_config, TorchConfig)
+
     def reforms_in_place(self, worker_group: Workers, backend_config: BackendConfig) -> bool:
         """The process group is built again in live processes, gloo or NCCL: by :meth:`on_start`
         when sgd sets it up; with ``init_process_group=False`` (``sgd run``), by each survivor

@@ -23,6 +23,15 @@ RESET_HOOKS: List[Callable[[], None]] = []
 RUN_END_HOOKS: Dict[str, Callable[[], Any]] = {}
 
 
+def clear() -> None:
+    """Forget every hook (a worker process parked for another group: sgd.worker_group.keep)."""
+    RUN_CONTEXTS.clear()
+    RUN_ERROR_HOOKS.clear()
+    INTERRUPT_HOOKS.clear()
+    RESET_HOOKS.clear()
+    RUN_END_HOOKS.clear()
+
+
 def run_end_hooks() -> Optional[Dict[str, Any]]:
     """What the run-end hooks say, by key (``None`` when none is registered); a hook that
     raises is logged and left out."""

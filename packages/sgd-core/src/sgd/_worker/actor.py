@@ -12,6 +12,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import ray
 
+from sgd._common import run_hooks
 from sgd._common.protocol import CheckpointTarget
 from sgd._worker.rank_logs import RankLog, rank_log_path
 from sgd._worker.resets import Resume
@@ -111,6 +112,17 @@ class WorkerMixin:
                     pass
         finally:
             _PRELOADS.finished()
+
+    def _sgd_park(self) -> bool:
+        """Forget the group this process served, so another may take it (sgd.worker_group.keep);
+        ``False`` (and nothing forgotten) while a training function still runs here."""
+        session = STATE.session
+        if session is not None and not session.finished:
+            return False
+        STATE.context, STATE.session = None, None
+        STATE.sent_once.clear()
+        run_hooks.clear()
+        return True
 
     @ray.method(concurrency_group=CONTROL_GROUP)
     def _sgd_set_context(self, context: WorkerContext) -> None:

@@ -433,7 +433,8 @@ class ActorGroup(_Placing, _InPlace):
         self._sent_once.clear()
         if self.worker_group is not None:
             wg, self.worker_group = self.worker_group, None
-            wg.shutdown()
+            # A group that failed, or was stopped mid-run, is never kept for another.
+            wg.shutdown(keep=not self._dirty)
         self.backend = None
 
 

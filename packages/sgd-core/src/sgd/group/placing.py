@@ -13,7 +13,7 @@ from typing import Any, Dict, Optional, Set
 
 from sgd._common.nodes import NodeInfo, NodeWatch
 from sgd._common.scaling import fitting_workers
-from sgd.backend import Backend
+from sgd.backend import Backend, BackendConfig
 from sgd.utils import ensure_ray
 from sgd.worker_group import ResourcesUnavailableError, WorkerGroup, placement_timeout_s
 
@@ -37,6 +37,7 @@ class _Placing:
     nodes: NodeWatch
     worker_group: Optional[WorkerGroup]
     backend: Optional[Backend]
+    backend_config: BackendConfig
     hook: Any
     _actor_cls: tuple
 
@@ -102,7 +103,16 @@ class _Placing:
             placement_strategy=self.placement_strategy,
             placement_timeout_s=timeout,
             avoid_nodes=avoid,
+            keep_tag=self._keep_tag(),
         )
+
+    def _keep_tag(self) -> Optional[str]:
+        """What this group's processes are parked under for a later group (sgd.worker_group.keep):
+        its backend's class, when the backend says they can serve another group."""
+        backend = self.backend
+        if backend is None or not backend.reuses_processes(self.backend_config):
+            return None
+        return f"{type(backend).__module__}.{type(backend).__qualname__}"
 
     def room(self, nodes: Optional[Dict[str, NodeInfo]] = None) -> int:
         """How many workers the group could have now if it were placed anew: the workers of

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, Iterator, Lis
 
 import ray
 from ray.util.placement_group import PlacementGroup
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from sgd._common.placement import PLACEMENT_STRATEGIES, placement_timeout_s
 from sgd._common.public import public_module
@@ -21,6 +21,7 @@ from sgd._worker.session import WorkerContext
 from sgd.errors import ResourcesUnavailableError
 from sgd.utils import ensure_ray
 from sgd.worker_group.calls import _Calls
+from sgd.worker_group.keep import KEPT, tag_for
 from sgd.worker_group.ranks import contexts_in_order, rank_order
 from sgd.worker_group.reservation import _Reservation
 
@@ -79,6 +80,7 @@ class WorkerGroup(_Reservation, _Calls):
         placement_strategy: str = "PACK",
         node_id: Optional[str] = None,
         avoid_nodes: Optional[Collection[str]] = None,
+        keep_tag: Optional[str] = None,
     ):
         _check_count(num_workers, "num_workers")
         if num_cpus_per_worker < 0 or num_gpus_per_worker < 0:
@@ -136,6 +138,10 @@ class WorkerGroup(_Reservation, _Calls):
         #: What each worker's run-end hooks said when the last run ended cleanly, in rank order
         #: (see :attr:`sgd.backend.Workers.run_notes`); kept by the run's group.
         self.run_notes: List[Optional[Dict[str, Any]]] = []
+        # Its owner's tag (sgd.worker_group.keep): with sgd.keep_workers on, a clean shutdown
+        # parks the processes for the next group with the same tag. ``_kept``: the tag in use.
+        self._keep_tag = keep_tag
+        self._kept: Optional[str] = None
         self.start()
 
     # --- lifecycle ----------------------------------------------------------
@@ -157,6 +163,9 @@ class WorkerGroup(_Reservation, _Calls):
         bundle = self.bundle
         if not bundle:
             raise ValueError("each worker must reserve some resource (CPU, GPU or a custom one)")
+        self._kept = None
+        if self._actor_cls is None and self._given_pg is None and ray.util.get_current_placement_group() is None:
+            self._kept = tag_for(bundle, self._keep_tag)
         try:
             self._slots = self._reserve(self.num_workers, first=True, node_id=self._node_id)
             self._start_actors()
@@ -171,15 +180,27 @@ class WorkerGroup(_Reservation, _Calls):
         """Start one actor per slot and wait for each to report where it runs."""
         remote_cls = remote_worker_class(self._actor_cls)
         extra = {k: v for k, v in self.additional_resources_per_worker.items() if v > 0}
-        actors = [
-            remote_cls.options(
-                num_cpus=self.num_cpus_per_worker,
-                num_gpus=self.num_gpus_per_worker,
-                resources=extra or None,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index),
-            ).remote(*self._actor_args, **self._actor_kwargs)
-            for pg, index in slots
-        ]
+        taken: Dict[int, str] = {}  # index in slots -> node, of processes a previous group kept
+        if self._kept is not None:
+            nodes = self._slot_nodes(slots)
+            actors = []
+            for i, node in enumerate(nodes):
+                actor = KEPT.take(self._kept, node)
+                if actor is None:
+                    actor = self._new_kept_actor(remote_cls, node)
+                else:
+                    taken[i] = node
+                actors.append(actor)
+        else:
+            actors = [
+                remote_cls.options(
+                    num_cpus=self.num_cpus_per_worker,
+                    num_gpus=self.num_gpus_per_worker,
+                    resources=extra or None,
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index),
+                ).remote(*self._actor_args, **self._actor_kwargs)
+                for pg, index in slots
+            ]
         try:
             if self._preload_modules:  # overlaps the framework import with what follows
                 for a in actors:
@@ -196,9 +217,17 @@ class WorkerGroup(_Reservation, _Calls):
                     "reservation may be gone)."
                 )
             metadata, errors = [], []
-            for ref in refs:  # every one read, so Ray logs no "unhandled error" for the rest
+            for i, ref in enumerate(refs):  # every one read, so Ray logs no "unhandled error" for the rest
+                gone_while_parked = ray.exceptions.RayActorError if i in taken else ()
                 try:
                     metadata.append(ray.get(ref))
+                except gone_while_parked as exc:
+                    # A kept process that died while parked: a new one in its place.
+                    logger.debug("a kept worker process is gone (%s); starting a new one", exc)
+                    actors[i] = self._new_kept_actor(remote_cls, taken[i])
+                    if self._preload_modules:
+                        self._send_preload(actors[i], self._preload_modules)
+                    metadata.append(ray.get(actors[i]._sgd_metadata.remote(), timeout=timeout))
                 except Exception as exc:  # actor_cls(...) raised: re-raised with its type
                     errors.append(exc)
             if errors:
@@ -208,6 +237,29 @@ class WorkerGroup(_Reservation, _Calls):
                 ray.kill(a, no_restart=True)
             raise
         return actors, metadata
+
+    def _slot_nodes(self, slots: List[Tuple[PlacementGroup, int]]) -> List[str]:
+        """The node of each slot's bundle (a kept group's actors are pinned there, not placed in it)."""
+        from ray.util import placement_group_table
+
+        tables: Dict[str, Any] = {}
+        nodes = []
+        for pg, index in slots:
+            key = pg.id.hex()
+            if key not in tables:
+                tables[key] = placement_group_table(pg).get("bundles_to_node_id", {})
+            node = tables[key].get(index)
+            if node is None:
+                raise ResourcesUnavailableError(f"bundle {index} of placement group {key} is not placed on a node")
+            nodes.append(node)
+        return nodes
+
+    def _new_kept_actor(self, remote_cls: Any, node_id: str) -> Any:
+        # No resources of its own: the group's placement group holds them while it runs, so a
+        # parked process holds nothing (sgd.worker_group.keep).
+        return remote_cls.options(
+            num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+        ).remote()
 
     def _start_actors(self) -> None:
         actors, metadata = self._launch(self._slots)
@@ -309,21 +361,48 @@ class WorkerGroup(_Reservation, _Calls):
         self.contexts = contexts
         ray.get([w._sgd_set_context.remote(c) for w, c in zip(self.workers, contexts)])
 
-    def shutdown(self, patience_s: float = 5) -> None:
+    def shutdown(self, patience_s: float = 5, *, keep: bool = True) -> None:
         """Stop the actors and release their resources. Safe to call twice.
 
-        Actors get ``patience_s`` seconds to exit on their own before they are killed.
+        Actors get ``patience_s`` seconds to exit on their own before they are killed. A group
+        its owner tagged, with :func:`sgd.keep_workers` on, parks its processes for the next
+        group instead (``keep=False``: never; its owner knows they are not clean).
         """
         if not self.workers:
             self._release()
             return
+        clean = keep
         for hook in list(self._shutdown_hooks):
             try:
                 hook(self)
             except Exception:
+                clean = False
                 logger.exception("error while shutting the worker group down")
-        self.stop_actors(patience_s)
+        if clean and self._kept is not None:
+            self._park(patience_s)
+        else:
+            self.stop_actors(patience_s)
         self._release()
+
+    def _park(self, patience_s: float) -> None:
+        """Hand the workers that forgot their run to the kept processes; end the others."""
+        workers, metadata, self.workers = self.workers, self.metadata, []
+        refs = [w._sgd_park.remote() for w in workers]
+        ready, _ = wait(refs, timeout=max(patience_s, 1.0))
+        parked: List[Tuple[Any, str]] = []
+        ended: List[Tuple[Any, str]] = []
+        for w, meta, ref in zip(workers, metadata, refs):
+            self._preloads.pop(w._actor_id, None)
+            ok = False
+            if ref in ready:
+                try:
+                    ok = bool(ray.get(ref))
+                except Exception:
+                    logger.debug("a worker could not be parked", exc_info=True)
+            (parked if ok else ended).append((w, meta.node_id))
+        assert self._kept is not None
+        for actor in [a for a, _ in ended] + KEPT.park(self._kept, parked):
+            ray.kill(actor, no_restart=True)
 
     def stop_actors(self, patience_s: float = 0) -> None:
         """Stop the actors but keep the resource reservation; :meth:`restart_actors` starts new ones."""
