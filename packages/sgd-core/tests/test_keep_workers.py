@@ -1,0 +1,138 @@
+"""sgd.keep_workers: a trainer's clean shutdown parks its worker processes for the next trainer of
+the same backend; a failed one does not; a parked process holds no resources, forgets its run,
+and is replaced if it died while parked."""
+
+import os
+
+import pytest
+import ray
+
+import sgd
+from sgd.backend import on_worker_run
+from sgd.worker_group.keep import KEPT, end_kept_workers
+from sgd_testing import wait_for
+
+
+@pytest.fixture
+def keeping(ray_cluster):
+    before = KEPT.max_idle()
+    end_kept_workers()
+    sgd.keep_workers(4)
+    yield ray_cluster
+    end_kept_workers()
+    KEPT.limit = before
+
+
+def _pids(backend="base", num_workers=2, fn=None):
+    trainer = sgd.Trainer(backend=backend, num_workers=num_workers)
+    trainer.start()
+    try:
+        return trainer.run(fn or os.getpid)
+    finally:
+        trainer.shutdown()
+
+
+def test_the_next_trainer_runs_in_the_processes_the_last_one_left(keeping):
+    first = _pids()
+    assert sgd.kept_workers() == 2
+    # Parked processes reserve nothing: every CPU is free again.
+    wait_for(lambda: ray.available_resources().get("CPU", 0) == keeping["CPU"], timeout=20)
+    assert sorted(_pids()) == sorted(first)
+    assert sgd.kept_workers() == 2
+
+
+def test_a_run_that_failed_leaves_no_process_behind(keeping):
+    def fails():
+        raise ValueError("boom")
+
+    trainer = sgd.Trainer(backend="base", num_workers=2)
+    trainer.start()
+    with pytest.raises(ValueError, match="boom"):
+        trainer.run(fails)
+    trainer.shutdown()
+    assert sgd.kept_workers() == 0
+
+
+def test_a_process_that_died_while_parked_is_replaced(keeping):
+    first = _pids()
+    actor = KEPT._parked[next(iter(KEPT._parked))][0][0]
+    ray.kill(actor, no_restart=True)
+    second = _pids()
+    assert len(set(second)) == 2
+    assert len(set(first) & set(second)) == 1
+
+
+def test_keep_workers_zero_ends_the_kept_processes(keeping):
+    first = _pids()
+    sgd.keep_workers(0)
+    assert sgd.kept_workers() == 0
+    sgd.keep_workers(4)
+    assert not set(_pids()) & set(first)
+
+
+class _Counted(sgd.Backend):
+    """Registers a run context on each worker at start: a reused process must not run the
+    previous group's as well."""
+
+    def on_start(self, worker_group, backend_config):
+        worker_group.execute(_register_counter)
+
+    def reuses_processes(self, backend_config):
+        return True
+
+
+class _CountedConfig(sgd.BackendConfig):
+    @property
+    def backend_cls(self):
+        return _Counted
+
+
+# Counted in the process's environment: this module's globals are pickled by value with each
+# function, so a list here would be a new one in every call.
+_ENTERED = "SGD_TEST_RUN_CONTEXTS_ENTERED"
+
+
+def _register_counter():
+    import contextlib
+
+    @contextlib.contextmanager
+    def counter():
+        os.environ[_ENTERED] = str(int(os.environ.get(_ENTERED, "0")) + 1)
+        yield
+
+    on_worker_run(counter)
+
+
+def _entered_and_pid():
+    return int(os.environ.get(_ENTERED, "0")), os.getpid()
+
+
+def test_a_parked_process_forgets_the_hooks_its_backend_set(keeping):
+    first = _pids(_CountedConfig(), fn=_entered_and_pid)
+    second = _pids(_CountedConfig(), fn=_entered_and_pid)
+    assert {pid for _, pid in second} == {pid for _, pid in first}
+    assert [n for n, _ in first] == [1, 1]
+    assert [n for n, _ in second] == [2, 2]  # one more context entered, not two
+
+
+class _NotReusable(sgd.Backend):
+    pass
+
+
+class _NotReusableConfig(sgd.BackendConfig):
+    @property
+    def backend_cls(self):
+        return _NotReusable
+
+
+def test_a_backend_that_does_not_say_so_is_never_kept(keeping):
+    first = _pids(_NotReusableConfig())
+    assert sgd.kept_workers() == 0
+    assert not set(_pids(_NotReusableConfig())) & set(first)
+
+
+@pytest.mark.fresh_workers
+def test_a_test_marked_fresh_workers_gets_new_processes(ray_cluster):
+    first = _pids()
+    assert sgd.kept_workers() == 0
+    assert not set(_pids()) & set(first)
