@@ -255,6 +255,11 @@ class _XGBoostBackend(Backend):
         self._release(wait_s=10)
         worker_group.execute(_unregister_xgboost_worker)
 
+    def reuses_processes(self, backend_config: BackendConfig) -> bool:
+        """Each run joins a tracker of its own, and shutdown unregisters the worker: a process
+        can serve another group (sgd.keep_workers)."""
+        return isinstance(backend_config, XGBoostConfig)
+
     def _release(self, wait_s: float) -> None:
         tracker, self._tracker = self._tracker, None
         if tracker is not None:
@@ -337,6 +342,11 @@ class _LightGBMBackend(Backend):
 
     def on_start(self, worker_group: Workers, backend_config: BackendConfig) -> None:
         worker_group.execute(_register_lightgbm_worker)
+
+    def reuses_processes(self, backend_config: BackendConfig) -> bool:
+        """Each run gets fresh network parameters and ports: a process can serve another group
+        (sgd.keep_workers)."""
+        return isinstance(backend_config, LightGBMConfig)
 
     def on_training_start(self, worker_group: Workers, backend_config: BackendConfig) -> None:
         assert isinstance(backend_config, LightGBMConfig)

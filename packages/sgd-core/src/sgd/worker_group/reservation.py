@@ -10,6 +10,7 @@ workers are added, so that the group grows back into them.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Dict, FrozenSet, List, Optional, Tuple
 
 import ray
@@ -149,8 +150,45 @@ class _Reservation:
     def _release(self) -> None:
         # Only our own reservations: the caller's or an enclosing one is theirs to remove.
         pgs, self._own_pgs, self._slots, self._spare = self._own_pgs, [], [], []
+        if not pgs:
+            return
+        try:
+            before = ray.available_resources()
+        except Exception:  # the cluster may already be gone
+            before = None
         for pg in pgs:
             try:
                 remove_placement_group(pg)
             except Exception:  # the cluster may already be gone
                 logger.debug("could not remove placement group", exc_info=True)
+        if before is not None:
+            _await_freed(pgs, before)
+
+
+#: How long a shutdown waits for the cluster's resource view to show its reservation freed.
+FREED_WAIT_S = 2.0
+
+
+def _await_freed(pgs: List[PlacementGroup], before: Dict[str, float]) -> None:
+    """Wait (at most :data:`FREED_WAIT_S`) until ``ray.available_resources()`` shows the bundles of
+    the placed groups among ``pgs`` free again. Ray frees them a moment after the removal (about
+    0.1 s here); a caller that counts free resources right after a shutdown (an elastic group's
+    next start, the next trainer's placement) would otherwise see them still taken."""
+    freed: Dict[str, float] = {}
+    for pg in pgs:
+        if not any(pg.id.hex() in key for key in before):
+            continue  # never placed: nothing to free
+        for bundle in pg.bundle_specs:
+            for key, value in bundle.items():
+                freed[key] = freed.get(key, 0.0) + value
+    if not freed:
+        return
+    deadline = time.monotonic() + FREED_WAIT_S
+    while time.monotonic() < deadline:
+        try:
+            now = ray.available_resources()
+        except Exception:
+            return
+        if all(now.get(k, 0.0) >= before.get(k, 0.0) + v - 1e-6 for k, v in freed.items()):
+            return
+        time.sleep(0.01)
