@@ -67,7 +67,6 @@ class RoomFreedAt(sgd.TrainingCallback):
         self._holder: Any = holder
 
     def handle_result(self, results: List[Dict[str, Any]], **info: Any) -> None:
-        import ray
 
         self.rounds.append(results)
         if results[0][self.key] == self.at:
