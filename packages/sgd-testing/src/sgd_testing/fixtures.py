@@ -51,6 +51,22 @@ def wait_for(condition: Callable[[], Any], timeout: float = 10.0, interval: floa
         time.sleep(interval)
 
 
+def shutdown_ray() -> None:
+    """``ray.shutdown()``, after the worker processes kept for later trainers
+    (:func:`sgd.keep_workers`) exited on their own: killed with the cluster, they would lose
+    what they measured (coverage's data file is written at exit)."""
+    import ray
+
+    if not ray.is_initialized():
+        return
+    from sgd.worker_group.keep import end_kept_workers
+
+    try:
+        end_kept_workers()
+    finally:
+        ray.shutdown()
+
+
 def _start_local_ray() -> None:
     import ray
 
@@ -116,8 +132,7 @@ def _two_nodes(num_gpus: int) -> Iterator[Any]:
     import ray
     from ray.cluster_utils import Cluster
 
-    if ray.is_initialized():
-        ray.shutdown()
+    shutdown_ray()
     cluster = Cluster(initialize_head=True,
                       head_node_args={"num_cpus": 2, "num_gpus": num_gpus, "include_dashboard": False})
     cluster.add_node(num_cpus=2, num_gpus=num_gpus)
@@ -126,7 +141,7 @@ def _two_nodes(num_gpus: int) -> Iterator[Any]:
     try:
         yield cluster
     finally:
-        ray.shutdown()
+        shutdown_ray()
         cluster.shutdown()
 
 
@@ -259,6 +274,14 @@ def pytest_configure(config: pytest.Config) -> None:
 
 #: Fixtures that bind fixed loopback addresses (127.0.0.2-4): their tests share one xdist worker.
 HOST_FIXTURES = frozenset({"host_cluster", "hosts"})
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    # The kept worker processes exit before pytest does (and Ray kills what is left).
+    if "sgd.worker_group.keep" in sys.modules and "ray" in sys.modules and sys.modules["ray"].is_initialized():
+        from sgd.worker_group.keep import end_kept_workers
+
+        end_kept_workers()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:

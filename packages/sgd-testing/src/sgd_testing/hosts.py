@@ -204,8 +204,9 @@ class HostCluster:
             self._saved_env.setdefault(key, os.environ.get(key))
             os.environ[key] = value
         _refresh_ray_config()
-        if ray.is_initialized():
-            ray.shutdown()
+        from sgd_testing.fixtures import shutdown_ray
+
+        shutdown_ray()
         init_kwargs.setdefault("log_to_driver", True)
         context = ray.init(address=self.address, _node_ip_address=self.head_ip, **init_kwargs)
         self.wait_for_resources()
@@ -260,10 +261,9 @@ class HostCluster:
 def host_cluster_for_test(num_hosts: int = 2, cpus_per_host: int = 2, **kwargs: Any) -> Iterator[HostCluster]:
     """A connected :class:`HostCluster` for one test (or module): the session's local cluster
     is shut down first (a driver is connected to one cluster at a time) and this one after."""
-    import ray
+    from sgd_testing.fixtures import shutdown_ray
 
-    if ray.is_initialized():
-        ray.shutdown()
+    shutdown_ray()
     cluster = HostCluster(num_hosts=num_hosts, cpus_per_host=cpus_per_host, **kwargs)
     cluster.start()
     try:
@@ -271,5 +271,5 @@ def host_cluster_for_test(num_hosts: int = 2, cpus_per_host: int = 2, **kwargs: 
         yield cluster
     finally:
         with contextlib.suppress(Exception):
-            ray.shutdown()
+            shutdown_ray()
         cluster.shutdown()

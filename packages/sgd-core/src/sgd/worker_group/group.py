@@ -21,7 +21,7 @@ from sgd._worker.session import WorkerContext
 from sgd.errors import ResourcesUnavailableError
 from sgd.utils import ensure_ray
 from sgd.worker_group.calls import _Calls
-from sgd.worker_group.keep import KEPT, tag_for
+from sgd.worker_group.keep import KEPT, end_kept, tag_for
 from sgd.worker_group.ranks import contexts_in_order, rank_order
 from sgd.worker_group.reservation import _Reservation
 
@@ -401,8 +401,10 @@ class WorkerGroup(_Reservation, _Calls):
                     logger.debug("a worker could not be parked", exc_info=True)
             (parked if ok else ended).append((w, meta.node_id))
         assert self._kept is not None
-        for actor in [a for a, _ in ended] + KEPT.park(self._kept, parked):
+        for actor, _ in ended:  # busy or unreachable: no patience left
             ray.kill(actor, no_restart=True)
+        for actor in KEPT.park(self._kept, parked):  # over the limit: idle, they exit at once
+            end_kept(actor)
 
     def stop_actors(self, patience_s: float = 0) -> None:
         """Stop the actors but keep the resource reservation; :meth:`restart_actors` starts new ones."""

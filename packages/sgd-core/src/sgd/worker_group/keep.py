@@ -147,7 +147,7 @@ def keep_workers(count: int) -> None:
         end_kept_workers()
     else:
         for actor in KEPT.trim():  # over the new limit
-            _end(actor)
+            end_kept(actor)
 
 
 def kept_workers() -> int:
@@ -155,17 +155,22 @@ def kept_workers() -> int:
     return KEPT.count()
 
 
-def end_kept_workers() -> None:
-    """End every idle worker process this driver keeps (the limit stays as it is)."""
-    for actor in KEPT.drain():
-        _end(actor)
+def end_kept_workers(patience_s: float = 5.0) -> None:
+    """End every idle worker process this driver keeps (the limit stays as it is), and wait up to
+    ``patience_s`` seconds for them to exit: before a ``ray.shutdown()``, which would kill them."""
+    refs = [ref for ref in map(end_kept, KEPT.drain()) if ref is not None]
+    if refs:
+        ray.wait(refs, num_returns=len(refs), timeout=patience_s)
 
 
-def _end(actor: Any) -> None:
+def end_kept(actor: Any) -> Any:
+    """Ask a parked process to exit, as a finished actor does (its ``atexit`` handlers run: a
+    coverage measurement is saved); it is idle, so it does at once. Its exit's reference."""
     try:
-        ray.kill(actor, no_restart=True)
+        return actor.__ray_terminate__.remote()
     except Exception:  # already gone with its cluster
         logger.debug("could not end a kept worker", exc_info=True)
+        return None
 
 
 def tag_for(bundle: Dict[str, float], backend_tag: Optional[str]) -> Optional[str]:
