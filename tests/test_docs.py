@@ -205,6 +205,9 @@ def test_doc_block(chain: List[Block], ray_cluster, tmp_path, monkeypatch) -> No
     monkeypatch.setenv("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
     namespace: Dict[str, Any] = {"__name__": "__sgd_docs__"}
     registered = _plugin_names()
+    from sgd.worker_group.keep import KEPT, keep_workers
+
+    kept = KEPT.max_idle()  # a page that shows sgd.keep_workers changes it
     try:
         for block in runnable:
             d = block.directives
@@ -232,6 +235,8 @@ def test_doc_block(chain: List[Block], ray_cluster, tmp_path, monkeypatch) -> No
     finally:
         if _plugin_names() != registered:  # a block registered a plugin by hand
             plugins.reset()
+        if KEPT.max_idle() != kept:
+            keep_workers(kept)
 
 
 def test_every_skip_has_a_reason_and_directives_are_placed() -> None:
