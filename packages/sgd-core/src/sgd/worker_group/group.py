@@ -59,6 +59,10 @@ class WorkerGroup(_Reservation, _Calls):
     :param avoid_nodes: Ray node ids (hex) to keep the workers off: hosts known to be lost
         or draining that Ray still offers. Honoured for the placement group the group reserves
         itself (not inside ``placement_group=`` or an enclosing one).
+    :param keep_tag: with :func:`sgd.keep_workers` on, a clean :meth:`shutdown` parks the
+        workers' processes under this tag for the next group with the same tag, instead of
+        ending them (CPU workers without ``actor_cls`` in a placement group of their own only);
+        ``None`` (the default): never kept.
 
     The group starts when created. Workers on one node get consecutive ranks;
     rank 0 is on the driver's node when a worker runs there.
