@@ -138,3 +138,23 @@ def test_a_test_marked_fresh_workers_gets_new_processes(ray_cluster):
     first = _pids()
     assert sgd.kept_workers() == 0
     assert not set(_pids()) & set(first)
+
+
+def test_a_group_that_replaced_a_worker_is_not_kept(keeping, tmp_path):
+    marker = str(tmp_path / "died")
+
+    def dies_once():
+        if sgd.world_rank() == 1 and not os.path.exists(marker):
+            open(marker, "w").close()
+            os._exit(1)
+        return os.getpid()
+
+    trainer = sgd.Trainer(backend="base", num_workers=2, max_retries=2)
+    trainer.start()
+    try:
+        assert len(set(trainer.run(dies_once))) == 2
+    finally:
+        trainer.shutdown()
+    assert os.path.exists(marker)
+    # Its workers were started again in their bundles (the dead one, or all): none is kept.
+    assert sgd.kept_workers() == 0

@@ -172,7 +172,7 @@ class WorkerGroup(_Reservation, _Calls):
             self._kept = tag_for(bundle, self._keep_tag)
         try:
             self._slots = self._reserve(self.num_workers, first=True, node_id=self._node_id)
-            self._start_actors()
+            self._start_actors(first=True)
         except BaseException:
             for actor in self.workers:  # asked for but never running: not a group
                 ray.kill(actor, no_restart=True)
@@ -180,11 +180,18 @@ class WorkerGroup(_Reservation, _Calls):
             self._release()
             raise
 
-    def _launch(self, slots: List[Tuple[PlacementGroup, int]]) -> Tuple[List[Any], List[WorkerMetadata]]:
-        """Start one actor per slot and wait for each to report where it runs."""
+    def _launch(self, slots: List[Tuple[PlacementGroup, int]],
+                first: bool = False) -> Tuple[List[Any], List[WorkerMetadata]]:
+        """Start one actor per slot and wait for each to report where it runs (``first``: the
+        group's first start, the only one that may take or leave processes kept for later)."""
         remote_cls = remote_worker_class(self._actor_cls)
         extra = {k: v for k, v in self.additional_resources_per_worker.items() if v > 0}
         taken: Dict[int, str] = {}  # index in slots -> node, of processes a previous group kept
+        if not first:
+            # A group that replaces, adds or restarts workers (after a failure, while it re-forms
+            # on hosts that come and go) starts them as any group does, in their bundles, and is
+            # never kept: its processes end with it.
+            self._kept = None
         if self._kept is not None:
             nodes = self._slot_nodes(slots)
             actors = []
@@ -265,8 +272,8 @@ class WorkerGroup(_Reservation, _Calls):
             num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
         ).remote()
 
-    def _start_actors(self) -> None:
-        actors, metadata = self._launch(self._slots)
+    def _start_actors(self, first: bool = False) -> None:
+        actors, metadata = self._launch(self._slots, first)
         self.workers = actors
         self._assign_ranks(actors, metadata)
 
