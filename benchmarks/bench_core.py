@@ -9,6 +9,8 @@ c. report_latency  time of each ``sgd.report(i=i)`` measured inside the workers
                    (10,000 back-to-back calls per worker).
 d. report_tput     reports per second per worker delivered to a driver callback
                    (20,000 per worker), which checks their order and that none is lost.
+e. kept_cycle      the cold cycle with ``sgd.keep_workers(2)``: each trainer starts in the
+                   processes the previous one left (one untimed cycle first starts them).
 
 Writes ``benchmarks/results/core.json`` and ``core.md`` and prints the table.
 ``--quick`` uses fewer repetitions and reports (for a smoke run; its numbers are noisier).
@@ -229,6 +231,37 @@ def case_cold_cycle(logdir: str, reps: int, budget_s: float) -> Dict[str, Any]:
     }
 
 
+def case_kept_cycle(logdir: str, reps: int) -> Dict[str, Any]:
+    """``reps`` cold cycles with kept worker processes (sgd.keep_workers), after one that starts them."""
+    sgd.keep_workers(NUM_WORKERS)
+    try:
+        trainer = new_trainer(logdir)
+        trainer.start()
+        trainer.run(trivial)
+        trainer.shutdown()
+        values: List[float] = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            trainer = new_trainer(logdir)
+            trainer.start()
+            trainer.run(trivial)
+            trainer.shutdown()
+            values.append(time.perf_counter() - t0)
+        kept = sgd.kept_workers()
+    finally:
+        sgd.keep_workers(0)
+    return {
+        "what": "Trainer() -> start() -> run(trivial) -> shutdown() with sgd.keep_workers(2)",
+        "note": f"{kept} processes kept after the last cycle; each cycle ran in the same two processes",
+        "unit": "s",
+        "values": values,
+        "median": statistics.median(values),
+        "spread": f"{min(values):.3f}-{max(values):.3f}",
+        "target": "median <= 0.3 s",
+        "met": statistics.median(values) <= 0.3,
+    }
+
+
 def case_report_latency(trainer: sgd.Trainer, n: int) -> Dict[str, Any]:
     per_worker = trainer.run(report_latency, config={"n": n})
     p50s = [w["p50_ms"] for w in per_worker]
@@ -362,6 +395,7 @@ def main() -> int:
         finally:
             trainer.shutdown()
         timed("b. cold start+run+shutdown", lambda: case_cold_cycle(logdir, cold_reps, cold_budget_s))
+        timed("e. kept-worker start+run+shutdown", lambda: case_kept_cycle(logdir, warm_reps))
     finally:
         ray.shutdown()
         shutil.rmtree(logdir, ignore_errors=True)
@@ -369,7 +403,7 @@ def main() -> int:
     if hasattr(os, "getloadavg"):
         info["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
 
-    cases = {k: cases[k] for k in sorted(cases)}  # a, b, c, d
+    cases = {k: cases[k] for k in sorted(cases)}  # a, b, c, d, e
     md = table(cases)
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     (RESULTS_DIR / "core.json").write_text(json.dumps({"machine": info, "cases": cases}, indent=2) + "\n")
