@@ -48,6 +48,8 @@ def test_only_cpu_groups_of_a_tagged_owner_are_kept(monkeypatch):
     assert keep.tag_for({"CPU": 1}, None) is None
     assert keep.tag_for({"CPU": 1, "GPU": 1}, "torch") is None
     assert keep.tag_for({"CPU": 1, "TPU": 1}, "torch") is None
+    assert keep.tag_for({"CPU": 0.5}, "torch") == "torch"
+    assert keep.tag_for({"CPU": 2}, "torch") is None  # its OMP_NUM_THREADS would be 1, not 2
     monkeypatch.setattr(keep.KEPT, "limit", 0)
     assert keep.tag_for({"CPU": 1}, "torch") is None
 

@@ -11,7 +11,7 @@ What makes that safe:
 - Only groups whose owner gives a *tag* are kept (a :class:`sgd.Trainer`'s group, when its
   backend says :meth:`sgd.Backend.reuses_processes`), and only a group with the same tag takes
   them. A bare :class:`sgd.WorkerGroup` is never kept, nor a group with GPUs, custom resources,
-  an ``actor_cls`` or a placement group that is not its own.
+  more than 1 CPU per worker, an ``actor_cls`` or a placement group that is not its own.
 - A kept group's actors reserve no resources of their own (``num_cpus=0``, pinned to the node
   of their bundle): the group's placement group does, as always, and is removed at shutdown.
   Parked processes therefore hold nothing another job could want, only memory.
@@ -175,10 +175,12 @@ def end_kept(actor: Any) -> Any:
 
 def tag_for(bundle: Dict[str, float], backend_tag: Optional[str]) -> Optional[str]:
     """The tag a group with ``bundle`` per worker parks its workers under, or ``None`` when it is
-    not kept: off, no owner's tag, or a bundle with more than CPUs (GPUs come with devices, and
-    custom resources with whatever the worker was meant to find)."""
+    not kept: off, no owner's tag, a bundle with more than CPUs (GPUs come with devices, and
+    custom resources with whatever the worker was meant to find), or more than 1 CPU per worker
+    (Ray sizes a process's thread pools, ``OMP_NUM_THREADS``, from its CPUs when it starts; a
+    kept process reserves none itself, so it gets 1, as a 1-CPU worker does)."""
     if backend_tag is None or KEPT.max_idle() == 0:
         return None
-    if set(bundle) - {"CPU"}:
+    if set(bundle) - {"CPU"} or bundle.get("CPU", 0) > 1:
         return None
     return backend_tag
