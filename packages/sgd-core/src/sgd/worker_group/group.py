@@ -61,7 +61,8 @@ class WorkerGroup(_Reservation, _Calls):
         itself (not inside ``placement_group=`` or an enclosing one).
     :param keep_tag: with :func:`sgd.keep_workers` on, a clean :meth:`shutdown` parks the
         workers' processes under this tag for the next group with the same tag, instead of
-        ending them (CPU workers without ``actor_cls`` in a placement group of their own only);
+        ending them (workers of at most 1 CPU and no other resource, without ``actor_cls``, in a
+        placement group of their own only);
         ``None`` (the default): never kept.
 
     The group starts when created. Workers on one node get consecutive ranks;
