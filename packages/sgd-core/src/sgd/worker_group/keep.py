@@ -122,9 +122,11 @@ KEPT = _Kept()
 
 def _ray_session() -> str:
     """This driver's Ray connection: a cluster's session and the job, both new after a re-init."""
-    ctx = ray.get_runtime_context()
-    node = getattr(ray._private.worker.global_worker, "node", None)
-    return f"{getattr(node, 'session_name', '')}/{ctx.get_job_id()}"
+    try:  # Ray's private name for the session; the job id alone repeats in a new cluster
+        session = ray._private.worker.global_worker.node.session_name
+    except AttributeError:
+        session = ray.get_runtime_context().gcs_address
+    return f"{session}/{ray.get_runtime_context().get_job_id()}"
 
 
 def keep_workers(count: int) -> None:
@@ -133,8 +135,9 @@ def keep_workers(count: int) -> None:
     A trainer's clean shutdown then parks its workers instead of ending them, and the next
     trainer of the same backend takes them, so it starts without new processes or framework
     imports (a 2-worker torch trainer: about 2.7 s to start and stop, 5 CPU-seconds, without;
-    a fraction with). Only backends that say their processes can be reused
-    (:meth:`sgd.Backend.reuses_processes`: sgd-core's own and sgd-torch's on CPUs) are kept.
+    a fraction with). Only groups of CPU workers (at most 1 CPU each) whose backend says its
+    processes can be reused are kept (:meth:`sgd.Backend.reuses_processes`: sgd-core's no-op
+    backend, sgd-torch, sgd-xgboost's XGBoost and LightGBM), and never one that failed.
     ``0`` (the default, or the ``SGD_KEEP_WORKERS`` environment variable) keeps none and ends the
     processes kept so far.
 
