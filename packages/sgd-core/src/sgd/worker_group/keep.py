@@ -122,10 +122,10 @@ KEPT = _Kept()
 
 def _ray_session() -> str:
     """This driver's Ray connection: a cluster's session and the job, both new after a re-init."""
-    try:  # Ray's private name for the session; the job id alone repeats in a new cluster
-        session = ray._private.worker.global_worker.node.session_name
-    except AttributeError:
-        session = ray.get_runtime_context().gcs_address
+    # Ray's private name for the session, else the control store's address: the job id alone
+    # repeats in a new cluster.
+    node: Any = getattr(getattr(getattr(ray, "_private", None), "worker", None), "global_worker", None)
+    session = getattr(getattr(node, "node", None), "session_name", None) or ray.get_runtime_context().gcs_address
     return f"{session}/{ray.get_runtime_context().get_job_id()}"
 
 
