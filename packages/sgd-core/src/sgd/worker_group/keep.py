@@ -124,8 +124,8 @@ def _ray_session() -> str:
     """This driver's Ray connection: a cluster's session and the job, both new after a re-init."""
     # Ray's private name for the session, else the control store's address: the job id alone
     # repeats in a new cluster.
-    node: Any = getattr(getattr(getattr(ray, "_private", None), "worker", None), "global_worker", None)
-    session = getattr(getattr(node, "node", None), "session_name", None) or ray.get_runtime_context().gcs_address
+    driver: Any = getattr(getattr(getattr(ray, "_private", None), "worker", None), "global_worker", None)
+    session = getattr(getattr(driver, "node", None), "session_name", None) or ray.get_runtime_context().gcs_address
     return f"{session}/{ray.get_runtime_context().get_job_id()}"
 
 
