@@ -51,6 +51,12 @@ def wait_for(condition: Callable[[], Any], timeout: float = 10.0, interval: floa
         time.sleep(interval)
 
 
+#: How long kept worker processes get to exit before Ray goes down: under coverage a process
+#: that measured many tests takes a while to write its data file, and a kill during the write
+#: leaves it corrupt (the whole measurement of that process lost).
+KEPT_EXIT_S = 30.0
+
+
 def shutdown_ray() -> None:
     """``ray.shutdown()``, after the worker processes kept for later trainers
     (:func:`sgd.keep_workers`) exited on their own: killed with the cluster, they would lose
@@ -62,7 +68,7 @@ def shutdown_ray() -> None:
     from sgd.worker_group.keep import end_kept_workers
 
     try:
-        end_kept_workers()
+        end_kept_workers(patience_s=KEPT_EXIT_S)
     finally:
         ray.shutdown()
 
@@ -281,7 +287,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if "sgd.worker_group.keep" in sys.modules and "ray" in sys.modules and sys.modules["ray"].is_initialized():
         from sgd.worker_group.keep import end_kept_workers
 
-        end_kept_workers()
+        end_kept_workers(patience_s=KEPT_EXIT_S)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
