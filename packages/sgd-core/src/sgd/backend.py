@@ -115,11 +115,12 @@ class Backend:
         """Whether a worker process this backend was set up in can serve another group of the
         same backend after :meth:`on_shutdown` (:func:`sgd.keep_workers`): ``on_shutdown`` must
         leave nothing of the framework that the next :meth:`on_start` cannot set up again. Only
-        groups of CPU workers are ever kept.
+        groups of CPU workers (at most 1 CPU each) are ever kept.
 
-        The no-op ``"base"`` backend says yes; sgd-torch does (it destroys its process group at
-        shutdown). The default for subclasses is no: a framework that reads its configuration
-        once per process (TensorFlow's ``TF_CONFIG``) cannot be set up a second time there.
+        The no-op ``"base"`` backend says yes; so do sgd-torch (it destroys its process group at
+        shutdown) and sgd-xgboost's XGBoost and LightGBM backends. The default for subclasses is
+        no: a framework that reads its configuration once per process (TensorFlow's
+        ``TF_CONFIG``) cannot be set up a second time there.
         """
         return type(self) is Backend
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, Iterator, Lis
 
 import ray
 from ray.util.placement_group import PlacementGroup
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from sgd._common.placement import PLACEMENT_STRATEGIES, placement_timeout_s
 from sgd._common.public import public_module
@@ -21,7 +21,7 @@ from sgd._worker.session import WorkerContext
 from sgd.errors import ResourcesUnavailableError
 from sgd.utils import ensure_ray
 from sgd.worker_group.calls import _Calls
-from sgd.worker_group.keep import KEPT, end_kept, tag_for
+from sgd.worker_group.keep import KEPT, new_kept_actor, park, tag_for
 from sgd.worker_group.ranks import contexts_in_order, rank_order
 from sgd.worker_group.reservation import _Reservation
 
@@ -199,7 +199,7 @@ class WorkerGroup(_Reservation, _Calls):
             for i, node in enumerate(nodes):
                 actor = KEPT.take(self._kept, node)
                 if actor is None:
-                    actor = self._new_kept_actor(remote_cls, node)
+                    actor = new_kept_actor(remote_cls, node)
                 else:
                     taken[i] = node
                 actors.append(actor)
@@ -236,7 +236,7 @@ class WorkerGroup(_Reservation, _Calls):
                 except gone_while_parked as exc:
                     # A kept process that died while parked: a new one in its place.
                     logger.debug("a kept worker process is gone (%s); starting a new one", exc)
-                    actors[i] = self._new_kept_actor(remote_cls, taken[i])
+                    actors[i] = new_kept_actor(remote_cls, taken[i])
                     if self._preload_modules:
                         self._send_preload(actors[i], self._preload_modules)
                     metadata.append(ray.get(actors[i]._sgd_metadata.remote(), timeout=timeout))
@@ -249,29 +249,6 @@ class WorkerGroup(_Reservation, _Calls):
                 ray.kill(a, no_restart=True)
             raise
         return actors, metadata
-
-    def _slot_nodes(self, slots: List[Tuple[PlacementGroup, int]]) -> List[str]:
-        """The node of each slot's bundle (a kept group's actors are pinned there, not placed in it)."""
-        from ray.util import placement_group_table
-
-        tables: Dict[str, Any] = {}
-        nodes = []
-        for pg, index in slots:
-            key = pg.id.hex()
-            if key not in tables:
-                tables[key] = placement_group_table(pg).get("bundles_to_node_id", {})
-            node = tables[key].get(index)
-            if node is None:
-                raise ResourcesUnavailableError(f"bundle {index} of placement group {key} is not placed on a node")
-            nodes.append(node)
-        return nodes
-
-    def _new_kept_actor(self, remote_cls: Any, node_id: str) -> Any:
-        # No resources of its own: the group's placement group holds them while it runs, so a
-        # parked process holds nothing (sgd.worker_group.keep).
-        return remote_cls.options(
-            num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-        ).remote()
 
     def _start_actors(self, first: bool = False) -> None:
         actors, metadata = self._launch(self._slots, first)
@@ -391,32 +368,13 @@ class WorkerGroup(_Reservation, _Calls):
                 clean = False
                 logger.exception("error while shutting the worker group down")
         if clean and self._kept is not None:
-            self._park(patience_s)
+            workers, self.workers = self.workers, []
+            for w in workers:
+                self._preloads.pop(w._actor_id, None)
+            park(self._kept, workers, [m.node_id for m in self.metadata], patience_s)
         else:
             self.stop_actors(patience_s)
         self._release()
-
-    def _park(self, patience_s: float) -> None:
-        """Hand the workers that forgot their run to the kept processes; end the others."""
-        workers, metadata, self.workers = self.workers, self.metadata, []
-        refs = [w._sgd_park.remote() for w in workers]
-        ready, _ = wait(refs, timeout=max(patience_s, 1.0))
-        parked: List[Tuple[Any, str]] = []
-        ended: List[Tuple[Any, str]] = []
-        for w, meta, ref in zip(workers, metadata, refs):
-            self._preloads.pop(w._actor_id, None)
-            ok = False
-            if ref in ready:
-                try:
-                    ok = bool(ray.get(ref))
-                except Exception:
-                    logger.debug("a worker could not be parked", exc_info=True)
-            (parked if ok else ended).append((w, meta.node_id))
-        assert self._kept is not None
-        for actor, _ in ended:  # busy or unreachable: no patience left
-            ray.kill(actor, no_restart=True)
-        for actor in KEPT.park(self._kept, parked):  # over the limit: idle, they exit at once
-            end_kept(actor)
 
     def stop_actors(self, patience_s: float = 0) -> None:
         """Stop the actors but keep the resource reservation; :meth:`restart_actors` starts new ones."""

@@ -35,6 +35,9 @@ from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Tuple
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from sgd._common.waits import wait
 
 logger = logging.getLogger("sgd")
 
@@ -174,6 +177,35 @@ def end_kept(actor: Any) -> Any:
     except Exception:  # already gone with its cluster
         logger.debug("could not end a kept worker", exc_info=True)
         return None
+
+
+def new_kept_actor(remote_cls: Any, node_id: str) -> Any:
+    """A worker actor of a kept group on ``node_id``: no resources of its own (the group's
+    placement group holds them while it runs), so a parked process holds nothing."""
+    return remote_cls.options(
+        num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+    ).remote()
+
+
+def park(tag: str, workers: List[Any], node_ids: List[str], patience_s: float) -> None:
+    """Keep the ``workers`` (their backend already shut down) that forget their run within
+    ``patience_s`` (at least 1 s) under ``tag``; kill the others (still busy, or gone)."""
+    refs = [w._sgd_park.remote() for w in workers]
+    ready, _ = wait(refs, timeout=max(patience_s, 1.0))
+    parked: List[Tuple[Any, str]] = []
+    for w, node, ref in zip(workers, node_ids, refs):
+        ok = False
+        if ref in ready:
+            try:
+                ok = bool(ray.get(ref))
+            except Exception:
+                logger.debug("a worker could not be parked", exc_info=True)
+        if ok:
+            parked.append((w, node))
+        else:
+            ray.kill(w, no_restart=True)
+    for actor in KEPT.park(tag, parked):  # over the limit: idle, they exit at once
+        end_kept(actor)
 
 
 def tag_for(bundle: Dict[str, float], backend_tag: Optional[str]) -> Optional[str]:

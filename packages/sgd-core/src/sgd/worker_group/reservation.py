@@ -18,6 +18,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 
 from sgd._common.nodes import avoid_selector
 from sgd._common.placement import wait_for_placement
+from sgd.errors import ResourcesUnavailableError
 
 logger = logging.getLogger("sgd")
 
@@ -119,22 +120,19 @@ class _Reservation:
         again by Ray once a node has room)."""
         if not self._spare:
             return []
-        from ray.util import placement_group_table
-
         alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")} - set(self._avoid_nodes)
-        usable = []
-        tables: Dict[str, Any] = {}
-        for pg, index in self._spare:
-            key = pg.id.hex()
-            if key not in tables:
-                try:
-                    tables[key] = placement_group_table(pg)
-                except Exception:
-                    tables[key] = {}
-            node = tables[key].get("bundles_to_node_id", {}).get(index)
-            if tables[key].get("state") == "CREATED" and node in alive:
-                usable.append((pg, index))
-        return usable
+        return [slot for slot, (state, node) in zip(self._spare, bundle_places(self._spare))
+                if state == "CREATED" and node in alive]
+
+    def _slot_nodes(self, slots: List[Tuple[PlacementGroup, int]]) -> List[str]:
+        """The node of each slot's bundle (a kept group's actors are pinned there, not placed in it)."""
+        nodes = []
+        for (pg, index), (_, node) in zip(slots, bundle_places(slots)):
+            if node is None:
+                raise ResourcesUnavailableError(
+                    f"bundle {index} of placement group {pg.id.hex()} is not placed on a node")
+            nodes.append(node)
+        return nodes
 
     def _release_unused(self) -> None:
         """Remove the placement groups this group reserved that no worker uses any more."""
@@ -163,6 +161,24 @@ class _Reservation:
                 logger.debug("could not remove placement group", exc_info=True)
         if before is not None:
             _await_freed(pgs, before)
+
+
+def bundle_places(slots: List[Tuple[PlacementGroup, int]]) -> List[Tuple[Optional[str], Optional[str]]]:
+    """For each slot, its placement group's state (``"CREATED"``...) and the node its bundle is
+    on (``None``: not placed, or the group's table could not be read); one table read per group."""
+    from ray.util import placement_group_table
+
+    tables: Dict[str, Dict[str, Any]] = {}
+    places: List[Tuple[Optional[str], Optional[str]]] = []
+    for pg, index in slots:
+        key = pg.id.hex()
+        if key not in tables:
+            try:
+                tables[key] = placement_group_table(pg)
+            except Exception:  # the cluster may be going away
+                tables[key] = {}
+        places.append((tables[key].get("state"), tables[key].get("bundles_to_node_id", {}).get(index)))
+    return places
 
 
 #: How long a shutdown waits for the cluster's resource view to show its reservation freed.
