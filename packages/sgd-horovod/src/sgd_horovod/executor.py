@@ -31,7 +31,8 @@ import ray
 import sgd
 from sgd.worker_group import WorkerGroup
 from sgd_horovod.config import HorovodConfig
-from sgd_horovod.elastic import ElasticJob, RayHostDiscovery
+from sgd_horovod.discovery import RayHostDiscovery
+from sgd_horovod.elastic_job import ElasticJob
 from sgd_horovod.single import no_collectives
 
 logger = logging.getLogger("sgd.horovod")
@@ -134,7 +135,7 @@ class RayExecutor:
     is avoided), ``elastic_timeout`` (seconds to wait for ``min_workers`` slots) and
     ``override_discovery`` (``True``: ``settings.discovery`` becomes a
     :class:`~sgd_horovod.RayHostDiscovery` of these sizes). Then each run is an sgd run under
-    the run controller, recovering in place with ``hvd.elastic`` (see :mod:`sgd_horovod.elastic`);
+    the run controller, recovering in place with ``hvd.elastic`` (see :mod:`sgd_horovod.elastic_job`);
     ``run``/``execute`` return the final workers' values and call ``callbacks`` with every
     :func:`sgd_horovod.ray_logger.log` dict.
     """

@@ -32,7 +32,6 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 from sgd._common.protocol import (
     CHECKPOINT,
     CHECKPOINT_KEY,
-    DETAIL_KEY,
     LINE_KEY,
     LOG,
     NOTE,
@@ -48,6 +47,7 @@ from sgd._worker.context import PreemptionInfo as PreemptionInfo
 from sgd._worker.context import WorkerContext
 from sgd._worker.driver_disk import _DriverDisk
 from sgd._worker.rank_logs import PendingOutput
+from sgd._worker.report_fields import ReportFields
 from sgd._worker.resets import ResetLink
 from sgd.checkpoint import Checkpoint
 from sgd.errors import PeerFailureError, PicklableError
@@ -119,15 +119,11 @@ class Session(_DriverDisk):
         # Output for the driver to write into that log (a worker on another host, see send_log).
         self._output = PendingOutput()
 
-        self._iteration = start_iteration
+        self._fields = ReportFields(start_iteration)  # the report count and the fields sgd adds
         # A drain notice for one of the group's hosts (PreemptionInfo), and the report count
         # from which every worker of the group shows it (see notice / notice_from).
         self._notice: Any = None
         self._notice_from: Optional[int] = None
-        self._start_time = time.time()
-        self._last_report_time = self._start_time
-        self._date_second = -1
-        self._date = ""
         self._thread = threading.Thread(target=self._run, name="sgd-train", daemon=True)
         #: in-place recovery (:mod:`sgd.elastic`): the reset barrier and the keys of the items
         #: sent; ``reforms``: whether the run's backend can re-form the group in place.
@@ -204,28 +200,12 @@ class Session(_DriverDisk):
     # --- called from the training thread ------------------------------------
 
     def _autofill(self, metrics: Dict[str, Any]) -> Dict[str, Any]:
-        now = time.time()
-        self._iteration += 1
-        out = self._encode(metrics)  # sgd.report hands over a dict of its own: no copy
-        out["_timestamp"] = int(now)
-        out["_time_this_iter_s"] = now - self._last_report_time
-        out["_training_iteration"] = self._iteration
-        # Always sent (and always in results.jsonl): whether the driver hands them on is decided
-        # there, per round (sgd._common.protocol.detailed_metrics_enabled), so the switch
-        # works when set late.
-        second = int(now)
-        if second != self._date_second:  # the date string changes once a second
-            self._date_second = second
-            self._date = time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(now))
-        out[DETAIL_KEY] = {"_date": self._date, "_time_total_s": now - self._start_time, "_pid": os.getpid(),
-                           "_hostname": _HOSTNAME, "_node_ip": _node_ip()}
-        self._last_report_time = now
-        return out
+        return self._fields.stamp(self._encode(metrics))  # sgd.report hands over a dict of its own: no copy
 
     def set_iteration(self, iteration: int) -> None:
         """The reports delivered so far, after the group re-formed (the next is one more)."""
         with self._cv:
-            self._iteration = iteration
+            self._fields.iteration = iteration
 
     def request_stop(self) -> None:
         """Make the training thread's next (or current, blocked) report or checkpoint raise
@@ -250,7 +230,7 @@ class Session(_DriverDisk):
         with self._cv:
             if self._notice is None:
                 self._notice = info
-            return self._iteration
+            return self._fields.iteration
 
     def notice_from(self, iteration: int) -> None:
         """From which report count on the notice shows: one more than the most any worker
@@ -266,7 +246,7 @@ class Session(_DriverDisk):
                 self._wait()
 
     def preemption_info(self) -> Any:
-        if self._notice is None or self._notice_from is None or self._iteration < self._notice_from:
+        if self._notice is None or self._notice_from is None or self._fields.iteration < self._notice_from:
             return None
         return self._notice
 
@@ -454,21 +434,6 @@ class Session(_DriverDisk):
         """Wait up to ``timeout_s`` for the training thread to end; whether it did."""
         self._thread.join(timeout_s)
         return not self._thread.is_alive()
-
-
-
-_node_ip_cache: Optional[str] = None
-_HOSTNAME = socket.gethostname()
-
-
-def _node_ip() -> str:
-    global _node_ip_cache
-    if _node_ip_cache is None:
-        import ray.util
-
-        _node_ip_cache = ray.util.get_node_ip_address()
-    return _node_ip_cache
-
 
 
 class WorkerState:
