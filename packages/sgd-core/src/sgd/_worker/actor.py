@@ -113,16 +113,17 @@ class WorkerMixin:
         finally:
             _PRELOADS.finished()
 
-    def _sgd_park(self) -> bool:
+    def _sgd_park(self) -> Optional[Tuple[int, str]]:
         """Forget the group this process served, so another may take it (sgd.worker_group.keep);
-        ``False`` (and nothing forgotten) while a training function still runs here."""
+        this process's pid and host name (what the driver waits on when it ends it), or ``None``
+        (and nothing forgotten) while a training function still runs here."""
         session = STATE.session
         if session is not None and not session.finished:
-            return False
+            return None
         STATE.context, STATE.session = None, None
         STATE.sent_once.clear()
         run_hooks.clear()
-        return True
+        return os.getpid(), socket.gethostname()
 
     @ray.method(concurrency_group=CONTROL_GROUP)
     def _sgd_set_context(self, context: WorkerContext) -> None:
@@ -140,12 +141,18 @@ class WorkerMixin:
         reforms: bool = False,
         join: Optional[Resume] = None,
         snapshot: Any = None,
-    ) -> None:
+        first_poll: int = 0,
+        first_wait_s: float = 0.0,
+        first_linger_s: float = 0.0,
+    ) -> Any:
         """Start a run: ``user_code`` is ``(train_func, encode, checkpoint)``,
         pickled (bytes) while preloads are pending on this worker.
 
         ``reforms``: the backend can re-form the group in place (:mod:`sgd.elastic`); ``join``
-        (with the root's ``snapshot``): this worker joins a run that re-formed its group."""
+        (with the root's ``snapshot``): this worker joins a run that re-formed its group.
+        ``first_poll``: answer the run's first poll too: up to that many items, what the run made
+        within ``first_wait_s`` seconds, and its end if it comes within ``first_linger_s`` after
+        them (``0``: return ``None`` once started)."""
         # What the driver sends a worker once (its node, its file server), kept for later runs:
         # taken before anything here can fail (the driver counts it as sent).
         run_info = dict(run_info or {})
@@ -167,6 +174,9 @@ class WorkerMixin:
         STATE.session = session
         session.rank_log = _rank_log(session)
         session.start()
+        if first_poll:
+            return session.poll(first_poll, timeout_s=first_wait_s, linger_s=first_linger_s)
+        return None
 
     @ray.method(concurrency_group=CONTROL_GROUP)
     def _sgd_stop(self) -> None:

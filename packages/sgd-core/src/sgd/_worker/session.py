@@ -364,10 +364,11 @@ class Session(_DriverDisk):
 
     # --- called by the driver through the actor -------------------------------
 
-    def poll(self, max_items: int,
-             timeout_s: Optional[float] = None) -> Tuple[List[Tuple[str, Any]], bool, Any, Optional[RemoteError]]:
+    def poll(self, max_items: int, timeout_s: Optional[float] = None,
+             linger_s: float = 0.0) -> Tuple[List[Tuple[str, Any]], bool, Any, Optional[RemoteError]]:
         """Block until items are available or the run ended (or ``timeout_s`` passed: then
-        the batch may be empty); return a batch.
+        the batch may be empty); return a batch. ``linger_s``: once items are there, wait up to
+        that much longer for the run to end, so that a short run's end comes with them.
 
         :returns: ``(items, finished, return_value, error)``; ``finished`` is
             only true once every item has been handed out.
@@ -391,6 +392,10 @@ class Session(_DriverDisk):
                 if due is not None:
                     left = due if left is None else min(left, due)
                 self._cv.wait(left)
+            if linger_s and self._items and not self._finished:
+                until = time.monotonic() + linger_s
+                while not self._finished and (left := until - time.monotonic()) > 0:
+                    self._cv.wait(left)
             batch: List[Tuple[str, Any]] = []
             while self._items and len(batch) < max_items:
                 item = self._items.popleft()

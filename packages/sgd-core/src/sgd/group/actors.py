@@ -36,13 +36,20 @@ from sgd.group.inputs import RunInputs
 from sgd.group.placing import ELASTIC_ATTEMPT_S as ELASTIC_ATTEMPT_S
 from sgd.group.placing import _Placing
 from sgd.group.protocol import RunRequest
-from sgd.group.rounds import RoundCollector
+from sgd.group.rounds import POLL_BATCH, RoundCollector
 from sgd.group.status import HEALTHY, Health, Poll
 from sgd.plugins import get_plugin_manager, run_backend_teardown
 from sgd.worker_group import WorkerGroup
 
 logger = logging.getLogger("sgd")
 
+
+#: How long a worker's start call waits for its run's first items, to send them with its reply:
+#: one call fewer per worker and run. A run slower to report is polled as usual after it, seconds.
+FIRST_REPLY_S = 0.05
+#: Once those items are there, how much longer it waits for the run's end (a short run's end then
+#: comes with them: no poll at all), seconds.
+FIRST_LINGER_S = 0.005
 
 class ActorGroup(_Placing, _InPlace):
     """A group of Ray actors with one backend: the run controller's worker group
@@ -359,7 +366,7 @@ class ActorGroup(_Placing, _InPlace):
                 self._sent_once[worker._actor_id] = once
             refs.append(worker._sgd_start_training.remote(
                 code, shards[rank], self.max_pending, start_iteration, request.checkpoint_target,
-                run_info, preloads, self._reforms, join, snapshot,
+                run_info, preloads, self._reforms, join, snapshot, POLL_BATCH, FIRST_REPLY_S, FIRST_LINGER_S,
             ))
         return refs
 

@@ -219,13 +219,21 @@ class RoundCollector(ResetBarrier):
             if ref not in self._watches and ref not in self._starting and ref not in self._inflight:
                 continue  # a call of a worker that is gone
             try:
-                if ref in self._watches or ref in self._starting:
-                    self._check_watch(ref, returned=ref in replies)
+                if ref in self._watches:
+                    self._check_watch(ref)
                     continue
-                i = self._inflight.pop(ref)
-                self._polling.discard(i)
-                reply = replies.get(ref)
-                batch, finished, value, error = reply if reply is not None else self._get_poll(ref, i)
+                if ref in self._starting:
+                    i = self._starting[ref]
+                    reply = self._start_returned(ref, replies)
+                    if reply is None:
+                        continue  # a start that did not wait for the first items
+                else:
+                    i = self._inflight.pop(ref)
+                    self._polling.discard(i)
+                    reply = replies.get(ref)
+                    if reply is None:
+                        reply = self._get_poll(ref, i)
+                batch, finished, value, error = reply
             except WorkerDiedError as death:
                 if not self.elastic:
                     raise
@@ -334,28 +342,35 @@ class RoundCollector(ResetBarrier):
         if sum(map(len, self._pending)) > before:  # progress: a slow peer is still reporting
             self._drain_deadline = time.monotonic() + ERROR_DRAIN_S
 
-    def _check_watch(self, ref: Any, returned: bool = False) -> None:
-        """A watch call returned: fine if the worker's run ended, a death otherwise. A start
-        call returned: the worker's run started (poll or watch it from now on), or it died first
-        (``returned``: already read, it did not)."""
-        if ref in self._starting:
-            i = self._starting.pop(ref)
+    def _check_watch(self, ref: Any) -> None:
+        """A watch call returned: fine if the worker's run ended, a death otherwise."""
+        i = self._watches.pop(ref)
+        self._get(ref, i)
+
+    def _start_returned(self, ref: Any, replies: Dict[Any, Any]) -> Any:
+        """A start call returned: the worker's run started, or it died first. Its reply is the
+        run's first poll reply (the worker waited briefly for its first items: one call fewer
+        per worker and run), or ``None``: the worker is then polled (or watched) from now on."""
+        i = self._starting.pop(ref)
+        if ref in replies:
+            reply = replies[ref]
+        else:
             try:
-                if not returned:
-                    ray.get(ref)
+                reply = ray.get(ref)
             except RayActorError as exc:
                 raise WorkerDiedError(
                     f"worker rank {i} died while its training function started: {short_error(exc)}", i
                 ) from exc
-            self._started[i] = True
-            self.last_progress = time.monotonic()
+            except TypeError as exc:  # a reported value that cannot be pickled: say which one
+                reply = recover_poll(self._workers[i], exc)
+        self._started[i] = True
+        self.last_progress = time.monotonic()
+        if reply is None:
             if i in self._arrived or self._pending[i] or self._done[i]:
                 self._watch(i)
             else:
                 self._poll(i)  # its poll is its watch from now on
-            return
-        i = self._watches.pop(ref)
-        self._get(ref, i)
+        return reply
 
     def _raise_error(self) -> None:
         """Raise the worker's error, unless a worker died: a peer's death makes the others'
@@ -380,7 +395,7 @@ class RoundCollector(ResetBarrier):
             # In slices (sgd._common.waits): Ctrl-C is handled between them.
             ready, _ = wait(waiting, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
             for ref in ready:
-                if ref in self._watches or ref in self._starting:
+                if ref in self._watches:
                     self._check_watch(ref)
                 else:
                     self._receive([ref])
