@@ -72,6 +72,30 @@ def test_keep_workers_zero_ends_the_kept_processes(keeping):
     assert not set(_pids()) & set(first)
 
 
+def _slow_exit_handler(config):
+    """An exit handler that takes a second and then leaves a file (as coverage.py writes its data
+    at exit): its process's pid."""
+    import atexit
+    import time
+    from pathlib import Path
+
+    def leave_a_mark():
+        time.sleep(1.0)
+        Path(config["dir"], f"exited_{os.getpid()}").touch()
+
+    atexit.register(leave_a_mark)
+    return os.getpid()
+
+
+def test_ending_the_kept_processes_waits_for_their_exit_handlers(keeping, tmp_path):
+    # Ray answers the exit call at once, before the process ran its atexit handlers; a
+    # ray.shutdown() right after would kill them halfway (a coverage data file corrupt or lost).
+    pids = _pids(fn=lambda: _slow_exit_handler({"dir": str(tmp_path)}))
+    assert sgd.kept_workers() == 2
+    end_kept_workers(patience_s=30)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"exited_{pid}" for pid in pids)
+
+
 class _Counted(sgd.Backend):
     """Registers a run context on each worker at start: a reused process must not run the
     previous group's as well."""

@@ -25,6 +25,7 @@ import ray
 
 from sgd_horovod import ElasticRayExecutor, RayExecutor, RayHostDiscovery  # was: horovod.ray.elastic
 from sgd_horovod.elastic_v2 import RayHostDiscovery as RayHostDiscoveryV2  # was: horovod.ray.elastic_v2
+from sgd_testing.fixtures import shutdown_ray
 
 pytestmark = pytest.mark.usefixtures("requires_horovod")
 
@@ -32,12 +33,13 @@ pytestmark = pytest.mark.usefixtures("requires_horovod")
 @pytest.fixture(scope="module")
 def ray_8_cpus_gpus():
     """Horovod's ``ray_8_cpus_gpus`` (a superset of its ``ray_8_cpus``), once for the module."""
-    if ray.is_initialized():
-        ray.shutdown()  # the session's shared cluster; the next module's fixture starts it again
+    # The session's shared cluster goes (the next module's fixture starts it again), after the
+    # worker processes it kept for later trainers exited on their own (sgd_testing.shutdown_ray).
+    shutdown_ray()
     ray.init(address="local", num_cpus=8, num_gpus=8, include_dashboard=False,
              resources={f"node:host-{i}": 1 for i in range(10)})
     yield
-    ray.shutdown()
+    shutdown_ray()
 
 
 @pytest.fixture

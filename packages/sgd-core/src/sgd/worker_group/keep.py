@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
+import time
 from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -82,6 +84,7 @@ class _Kept:
             for i, (actor, node) in enumerate(parked):
                 if node == node_id:
                     del parked[i]
+                    _PROCESSES.pop(_key(actor), None)
                     return actor
         return None
 
@@ -117,10 +120,19 @@ class _Kept:
     def _forget_other_sessions(self, session: str) -> None:
         # Their processes ended with the driver's connection to that cluster.
         for key in [k for k in self._parked if k[0] != session]:
-            del self._parked[key]
+            for actor, _ in self._parked.pop(key):
+                _PROCESSES.pop(_key(actor), None)
 
 
 KEPT = _Kept()
+
+#: The pid and host name of each parked process (by actor id), reported when it was parked: what
+#: :func:`end_kept_workers` waits on.
+_PROCESSES: Dict[Any, Tuple[int, str]] = {}
+
+
+def _key(actor: Any) -> Any:
+    return getattr(actor, "_actor_id", actor)
 
 
 def _ray_session() -> str:
@@ -142,7 +154,8 @@ def keep_workers(count: int) -> None:
     processes can be reused are kept (:meth:`sgd.Backend.reuses_processes`: sgd-core's no-op
     backend, sgd-torch, sgd-xgboost's XGBoost and LightGBM), and never one that failed.
     ``0`` (the default, or the ``SGD_KEEP_WORKERS`` environment variable) keeps none and ends the
-    processes kept so far.
+    processes kept so far, waiting up to 5 s until they exited (their ``atexit`` handlers ran):
+    call it before a ``ray.shutdown()`` of your own, which would kill them.
 
     :raises ValueError: ``count`` is negative or not a whole number.
     """
@@ -163,15 +176,38 @@ def kept_workers() -> int:
 
 def end_kept_workers(patience_s: float = 5.0) -> None:
     """End every idle worker process this driver keeps (the limit stays as it is), and wait up to
-    ``patience_s`` seconds for them to exit: before a ``ray.shutdown()``, which would kill them."""
-    refs = [ref for ref in map(end_kept, KEPT.drain()) if ref is not None]
+    ``patience_s`` seconds for them to exit: before a ``ray.shutdown()``, which would kill them.
+
+    Ray answers the exit call before the process has run its ``atexit`` handlers (a coverage
+    measurement is written there), so the processes on this machine are waited for by pid until
+    they are gone; those on other machines until Ray answers."""
+    deadline = time.monotonic() + patience_s
+    actors = KEPT.drain()
+    here = socket.gethostname()
+    pids = [w[0] for w in map(_PROCESSES.get, map(_key, actors)) if w is not None and w[1] == here]
+    refs = [ref for ref in map(end_kept, actors) if ref is not None]
     if refs:
         ray.wait(refs, num_returns=len(refs), timeout=patience_s)
+    while pids and time.monotonic() < deadline:
+        pids = [pid for pid in pids if _alive(pid)]
+        if pids:
+            time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process reuses the pid: ours is gone
+        return False
+    return True
 
 
 def end_kept(actor: Any) -> Any:
     """Ask a parked process to exit, as a finished actor does (its ``atexit`` handlers run: a
     coverage measurement is saved); it is idle, so it does at once. Its exit's reference."""
+    _PROCESSES.pop(_key(actor), None)
     try:
         return actor.__ray_terminate__.remote()
     except Exception:  # already gone with its cluster
@@ -194,14 +230,15 @@ def park(tag: str, workers: List[Any], node_ids: List[str], patience_s: float) -
     ready, _ = wait(refs, timeout=max(patience_s, 1.0))
     parked: List[Tuple[Any, str]] = []
     for w, node, ref in zip(workers, node_ids, refs):
-        ok = False
+        where = None
         if ref in ready:
             try:
-                ok = bool(ray.get(ref))
+                where = ray.get(ref)
             except Exception:
                 logger.debug("a worker could not be parked", exc_info=True)
-        if ok:
+        if where:
             parked.append((w, node))
+            _PROCESSES[_key(w)] = tuple(where)
         else:
             ray.kill(w, no_restart=True)
     for actor in KEPT.park(tag, parked):  # over the limit: idle, they exit at once
