@@ -411,15 +411,15 @@ def _reports_a_lock_first(config):
 
 
 @pytest.mark.parametrize("func, first_wait_s, delivered", [
-    (_reports_a_lock, 0.0, [1, 2]),
+    (_reports_a_lock, 0.0, [1, 2]),  # no first reply: every item comes with a poll
     # The run's first items travel with the start call's reply (issue 35): the lock is in it.
     (_reports_a_lock_first, 3600.0, []),
 ], ids=["later", "in-the-start-reply"])
 def test_an_unpicklable_report_names_sgd_report_and_the_key(base_trainer, monkeypatch, func, first_wait_s,
                                                             delivered):
-    import sgd.group.actors
+    import sgd.group.starts
 
-    monkeypatch.setattr(sgd.group.actors, "FIRST_REPLY_S", first_wait_s)
+    monkeypatch.setattr(sgd.group.starts, "FIRST_REPLY_S", first_wait_s)
     rounds = _Rounds()
     with pytest.raises(TypeError, match=r"sgd.report .*key 'lock'.*_thread.lock.* cannot be pickled"):
         base_trainer.run(func, callbacks=[rounds])

@@ -1,15 +1,15 @@
 """A run's first items travel with each worker's start call (issue 35, item 7): the start call
-waits up to ``sgd.group.actors.FIRST_REPLY_S`` for what the run makes first, then up to
+waits up to ``sgd.group.starts.FIRST_REPLY_S`` for what the run makes first, then up to
 ``FIRST_LINGER_S`` more for the run's end, and answers with both, so a short run costs one call
 per worker instead of a start and its polls. What the workers make after that, or a run slower
 than the wait, is polled as before. The waits are set here to an hour (the start call always
-answers) or to nothing (it answers at once, before the run made anything), so that no case
-depends on how fast the machine is."""
+answers) or to nothing (the start call answers nothing: every item comes with a poll), so that
+no case depends on how fast the machine is."""
 
 import pytest
 
 import sgd
-import sgd.group.actors
+import sgd.group.starts
 
 HOUR = 3600.0
 
@@ -17,8 +17,8 @@ HOUR = 3600.0
 @pytest.fixture
 def first_wait(monkeypatch):
     def set_wait(seconds, linger=0.0):
-        monkeypatch.setattr(sgd.group.actors, "FIRST_REPLY_S", seconds)
-        monkeypatch.setattr(sgd.group.actors, "FIRST_LINGER_S", linger)
+        monkeypatch.setattr(sgd.group.starts, "FIRST_REPLY_S", seconds)
+        monkeypatch.setattr(sgd.group.starts, "FIRST_LINGER_S", linger)
 
     return set_wait
 
@@ -47,7 +47,7 @@ def test_a_run_that_ends_within_the_wait_costs_one_call_per_worker(base_trainer,
         assert dict(actor_calls) == {"_sgd_start_training": 2}  # no poll, no watch
 
 
-def test_without_the_linger_the_end_of_a_run_that_reported_is_polled(base_trainer, actor_calls, first_wait):
+def test_without_the_linger_a_run_ends_the_same_whichever_call_brings_its_end(base_trainer, actor_calls, first_wait):
     first_wait(HOUR, linger=0.0)
     rounds = []
 
@@ -72,7 +72,7 @@ def test_every_round_arrives_in_order_whichever_call_carries_it(base_trainer, ac
     assert base_trainer.run(_reports, config={"steps": 50}, callbacks=[Rounds()]) == [0, 10]
     assert rounds == [[(step, 0), (step, 1)] for step in range(50)]
     if wait == 0.0:
-        assert actor_calls["_sgd_poll"] >= 2  # the start calls answered at once, with no items
+        assert actor_calls["_sgd_poll"] >= 2  # no wait: the start calls answer nothing
 
 
 def _fails_at_once():

@@ -395,7 +395,7 @@ def _checkpoint_and_rank():
 def test_a_group_of_many_gets_the_code_and_checkpoint_through_one_copy(ray_cluster):
     """From PUT_CODE_FROM workers on, the run's code and checkpoint travel by reference (put in
     the object store once): every worker still runs the run's own function with its checkpoint."""
-    from sgd.group.actors import PUT_CODE_FROM
+    from sgd.group.starts import PUT_CODE_FROM
 
     n = max(6, PUT_CODE_FROM)
     # A quarter of a CPU each: the module's shared trainer (base_trainer) may hold 2 of the

@@ -25,7 +25,6 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import ray
 
 from sgd._common.nodes import NODE_CHECK_INTERVAL_S, NodeInfo, NodeWatch
-from sgd._worker.actor import SENT_ONCE
 from sgd._worker.rank_logs import RankLogFiles
 from sgd._worker.session import DEFAULT_MAX_PENDING
 from sgd.backend import Backend, BackendConfig
@@ -36,20 +35,14 @@ from sgd.group.inputs import RunInputs
 from sgd.group.placing import ELASTIC_ATTEMPT_S as ELASTIC_ATTEMPT_S
 from sgd.group.placing import _Placing
 from sgd.group.protocol import RunRequest
-from sgd.group.rounds import POLL_BATCH, RoundCollector
+from sgd.group.rounds import RoundCollector
+from sgd.group.starts import StartArgs, start_calls
 from sgd.group.status import HEALTHY, Health, Poll
 from sgd.plugins import get_plugin_manager, run_backend_teardown
 from sgd.worker_group import WorkerGroup
 
 logger = logging.getLogger("sgd")
 
-
-#: How long a worker's start call waits for its run's first items, to send them with its reply:
-#: one call fewer per worker and run. A run slower to report is polled as usual after it, seconds.
-FIRST_REPLY_S = 0.05
-#: Once those items are there, how much longer it waits for the run's end (a short run's end then
-#: comes with them: no poll at all), seconds.
-FIRST_LINGER_S = 0.005
 
 class ActorGroup(_Placing, _InPlace):
     """A group of Ray actors with one backend: the run controller's worker group
@@ -334,41 +327,8 @@ class ActorGroup(_Placing, _InPlace):
         ``join`` (with the ``snapshot`` reference): they join a group that re-formed in place."""
         wg, request = self.worker_group, self._request
         assert wg is not None and self.backend is not None and request is not None
-        backend_cls = type(self.backend)  # the encoders run on the workers: no instance state travels
-        # Everything that may import a framework when unpickled (the function, the backend's
-        # encoders, the checkpoint) travels pickled while a preload is pending on that worker,
-        # which unpickles it once the preload finished (issue 18).
-        user_code = (request.train_func, backend_cls.encode_data, request.checkpoint)
-        # From PUT_CODE_FROM workers on, sent once rather than once per worker: each form (the
-        # code, or its pickle for workers with a preload pending) is put in the object store once
-        # and every worker gets a reference (a resumed run's checkpoint is serialised once). A
-        # pickle smaller than INLINE_CODE_BYTES travels in each call instead: fetching an object
-        # from another node's store costs every worker more than the bytes in its call.
-        refs: List[Any] = []
-        pickled: Optional[bytes] = None
-        put: Dict[bool, Any] = {}
-        once = tuple(self._run_info.get(k) for k in SENT_ONCE)
-        short = {k: v for k, v in self._run_info.items() if k not in SENT_ONCE}
-        for rank in ranks:
-            code, preloads = wg.user_code_for(rank, user_code, pickled)
-            if preloads:
-                pickled = code
-            if len(ranks) >= PUT_CODE_FROM and not (preloads and len(code) < INLINE_CODE_BYTES):
-                if bool(preloads) not in put:
-                    put[bool(preloads)] = ray.put(code)
-                code = put[bool(preloads)]
-            worker = wg.workers[rank]
-            told = self._sent_once.get(worker._actor_id)
-            if told is not None and all(a is b or a == b for a, b in zip(told, once)):
-                run_info = short  # an actor handle costs both sides far more than plain data
-            else:
-                run_info = self._run_info
-                self._sent_once[worker._actor_id] = once
-            refs.append(worker._sgd_start_training.remote(
-                code, shards[rank], self.max_pending, start_iteration, request.checkpoint_target,
-                run_info, preloads, self._reforms, join, snapshot, POLL_BATCH, FIRST_REPLY_S, FIRST_LINGER_S,
-            ))
-        return refs
+        return start_calls(wg, ranks, request, type(self.backend), self._run_info, self._sent_once,
+                           StartArgs(shards, self.max_pending, start_iteration, self._reforms, join, snapshot))
 
     def poll(self, timeout_s: float) -> Poll:
         """The run's next round, its end, a failure, or idle after ``timeout_s``."""
@@ -448,12 +408,6 @@ class ActorGroup(_Placing, _InPlace):
 #: The name of this class before it implemented the worker-group protocol.
 BackendExecutor = ActorGroup
 
-
-#: From this many workers on, a run's code and checkpoint are put in the object store once and
-#: sent by reference (below it, inline in each call is cheaper).
-PUT_CODE_FROM = 4
-#: A run's code pickled smaller than this (bytes) is sent in every start call all the same.
-INLINE_CODE_BYTES = 64 * 1024
 
 
 #: After a worker died, how long the others get to end their run (they are asked to stop at
