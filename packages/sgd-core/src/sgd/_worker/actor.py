@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import os
 import socket
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -123,6 +124,7 @@ class WorkerMixin:
         STATE.context, STATE.session = None, None
         STATE.sent_once.clear()
         run_hooks.clear()
+        _save_measurement()
         return os.getpid(), socket.gethostname()
 
     @ray.method(concurrency_group=CONTROL_GROUP)
@@ -244,6 +246,21 @@ class WorkerMixin:
         if session is None:
             raise RuntimeError("no training run on this worker")
         return session.poll(max_items)
+
+
+def _save_measurement() -> None:
+    """Save a coverage.py measurement running in this process (a test suite's), if any. A kept
+    process outlives the group that parks it and may be killed later (a group that fails is
+    killed, not parked), which would lose everything it measured for the groups before: saved
+    at each park, such a kill loses only what came after."""
+    coverage = sys.modules.get("coverage")
+    current = getattr(getattr(coverage, "Coverage", None), "current", None)
+    measurement = current() if callable(current) else None
+    if measurement is not None:
+        try:
+            measurement.save()
+        except Exception:
+            logging.getLogger("sgd").debug("could not save the coverage measurement", exc_info=True)
 
 
 #: The run-info fields the driver sends each worker process once (the same for every run of the
