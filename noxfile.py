@@ -24,6 +24,7 @@ TEST_DEPS = ["pytest>=8", "pytest-timeout", "pytest-xdist",  # pytest-xdist: the
              "torch-tb-profiler",  # TensorBoard's PyTorch Profiler plugin parses the traces sgd writes
              "import-linter",  # tests/test_layers.py runs the import contracts
              "hypothesis",  # property-based tests: failure positions and report/checkpoint orders
+             "coverage>=7.4",  # nox -s coverage; sgd-core's tests check that a parked kept process saves its measurement
              "nbclient", "ipykernel", "nbformat",  # tests/test_notebook.py runs the quickstart notebook in a kernel
              "scikit-learn"]  # sgd-xgboost's tests train on scikit-learn's bundled datasets
 # The test session also installs the packages with heavy optional parts, with those parts.
@@ -96,7 +97,7 @@ def coverage(session: nox.Session) -> None:
     """Line and branch coverage of every package over the suite (``nox -s tests``' tests, or the
     paths given), Ray's worker processes and spawned drivers included: a table per package in
     ``build/coverage/coverage-by-package.md`` (docs/contributing.md)."""
-    _install_tests(session, "coverage>=7.4")
+    _install_tests(session)
     out = os.path.abspath("build/coverage")
     session.run("rm", "-rf", out, external=True)
     os.makedirs(out)
