@@ -57,7 +57,7 @@ def test_a_run_that_failed_leaves_no_process_behind(keeping):
 
 def test_a_process_that_died_while_parked_is_replaced(keeping):
     first = _pids()
-    actor = KEPT._parked[next(iter(KEPT._parked))][0][0]
+    actor = KEPT._parked[next(iter(KEPT._parked))][0].actor
     ray.kill(actor, no_restart=True)
     second = _pids()
     assert len(set(second)) == 2

@@ -96,6 +96,64 @@ def test_init_and_shutdown_repeat_within_and_across_runs(trainer):
     assert [r[4] for r in trainer.run(_ranks_and_sum)] == [3.0, 3.0]
 
 
+def _pid_ranks_and_sum_leaving_state(config):
+    """This process's pid, Horovod's ranks and an allreduce; and what an elastic job leaves set in
+    a worker (``ray_logger``'s queue, the commit order), as it was when the run began."""
+    import horovod.torch as hvd
+    import torch
+
+    from sgd_horovod import in_place, ray_logger
+
+    before = (ray_logger._configured, in_place._KEEP_FIRST)
+    ray_logger.configure(None)
+    in_place.keep_before_host_check()
+    hvd.init()
+    total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum).item()
+    return os.getpid(), hvd.rank(), sgd.world_rank(), total, before
+
+
+def test_a_kept_process_serves_the_next_horovod_group(ray_cluster):
+    """sgd.keep_workers: a Horovod group's clean shutdown parks its processes (hvd.shutdown() ran
+    there); the next Horovod trainer starts in them, Horovod meets again at the new group's
+    rendezvous, and nothing the last run set is left."""
+    from sgd.worker_group.keep import KEPT, end_kept_workers
+
+    before = KEPT.max_idle()
+    end_kept_workers()
+    sgd.keep_workers(4)
+    try:
+        runs = []
+        for _ in range(2):
+            trainer = sgd.Trainer(backend="horovod", num_workers=2)
+            trainer.start()
+            try:
+                runs.append(trainer.run(_pid_ranks_and_sum_leaving_state, config={}))
+            finally:
+                trainer.shutdown()
+            assert sgd.kept_workers() == 2
+        first, second = runs
+        assert sorted(r[0] for r in second) == sorted(r[0] for r in first)  # the same processes
+        for results in runs:
+            assert [(r[1], r[2], r[3]) for r in results] == [(0, 0, 3.0), (1, 1, 3.0)]
+            assert [r[4] for r in results] == [(False, False)] * 2  # forgotten at the last shutdown
+    finally:
+        end_kept_workers()
+        KEPT.limit = before
+
+
+def test_a_kept_process_reads_no_horovod_variable_only_the_last_group_had(monkeypatch):
+    from sgd_horovod import config
+
+    monkeypatch.setattr(config, "install_in_place", lambda: None)
+    monkeypatch.setattr(config, "_ENV_SET", [])
+    for name in ("HOROVOD_GLOO_IFACE", "HOROVOD_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    config._set_env({"HOROVOD_RANK": "1", "HOROVOD_GLOO_IFACE": "eth0"})  # a group across hosts
+    config._set_env({"HOROVOD_RANK": "0"})  # the next group chooses no interface
+    assert os.environ["HOROVOD_RANK"] == "0"
+    assert "HOROVOD_GLOO_IFACE" not in os.environ
+
+
 def _regression(config):
     """Linear regression with hvd.DistributedOptimizer; each worker starts from different
     weights (broadcast_parameters makes them equal) and sees different data."""

@@ -118,7 +118,8 @@ class Backend:
         groups of CPU workers (at most 1 CPU each) are ever kept.
 
         The no-op ``"base"`` backend says yes; so do sgd-torch (it destroys its process group at
-        shutdown) and sgd-xgboost's XGBoost and LightGBM backends. The default for subclasses is
+        shutdown), sgd-horovod (``hvd.shutdown()`` at shutdown, a new rendezvous at the next start)
+        and sgd-xgboost's XGBoost and LightGBM backends. The default for subclasses is
         no: a framework that reads its configuration once per process (TensorFlow's
         ``TF_CONFIG``) cannot be set up a second time there.
         """

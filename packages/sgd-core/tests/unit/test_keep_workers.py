@@ -4,6 +4,7 @@ group takes, which are ended over the limit, what another Ray session's are wort
 import pytest
 
 from sgd.worker_group import keep
+from sgd.worker_group.keep import Parked
 
 
 @pytest.fixture
@@ -17,7 +18,7 @@ def kept(monkeypatch):
 
 def test_a_group_takes_a_process_of_its_tag_on_the_node_it_needs(kept):
     pool, _ = kept
-    assert pool.park("torch", [("a", "n1"), ("b", "n2")]) == []
+    assert pool.park("torch", [Parked("a", "n1"), Parked("b", "n2")]) == []
     assert pool.take("tensorflow", "n1") is None
     assert pool.take("torch", "n3") is None
     assert pool.take("torch", "n2") == "b"
@@ -27,19 +28,28 @@ def test_a_group_takes_a_process_of_its_tag_on_the_node_it_needs(kept):
 
 def test_over_the_limit_the_oldest_parked_are_ended(kept):
     pool, _ = kept
-    assert pool.park("torch", [("a", "n1"), ("b", "n1")]) == []
-    assert pool.park("base", [("c", "n1"), ("d", "n1")]) == ["a"]
+    assert pool.park("torch", [Parked("a", "n1", 11, "h"), Parked("b", "n1")]) == []
+    assert pool.park("base", [Parked("c", "n1"), Parked("d", "n1")]) == [Parked("a", "n1", 11, "h")]
     pool.limit = 1
-    assert sorted(pool.trim()) == ["b", "c"]
+    assert sorted(e.actor for e in pool.trim()) == ["b", "c"]
     assert pool.take("base", "n1") == "d"
 
 
 def test_processes_of_another_ray_session_are_forgotten_not_given(kept):
     pool, session = kept
-    pool.park("torch", [("a", "n1")])
+    pool.park("torch", [Parked("a", "n1")])
     session["now"] = "s2/01"  # ray.shutdown(), ray.init(): those processes ended with the old connection
     assert pool.take("torch", "n1") is None
     assert pool.count() == 0
+
+
+def test_draining_gives_every_parked_process_of_this_session_with_its_pid(kept, monkeypatch):
+    pool, session = kept
+    monkeypatch.setattr(keep.ray, "is_initialized", lambda: True)
+    pool.park("torch", [Parked("a", "n1", 11, "h1")])
+    pool.park("base", [Parked("b", "n2", 12, "h2")])
+    assert sorted(pool.drain()) == [Parked("a", "n1", 11, "h1"), Parked("b", "n2", 12, "h2")]
+    assert pool.count() == 0 and pool.drain() == []
 
 
 def test_only_cpu_groups_of_a_tagged_owner_are_kept(monkeypatch):

@@ -125,14 +125,30 @@ def check_probes(infos: Sequence[Dict[str, Any]]) -> None:
             )
 
 
+#: The variables the last :func:`_set_env` gave this process: a kept process (sgd.keep_workers)
+#: that serves another group must not read a variable only the last group had.
+_ENV_SET: List[str] = []
+
+
 def _set_env(env: Dict[str, str]) -> None:
     """A worker's Horovod environment, and ``hvd.elastic.run`` on sgd's in-place recovery
     (:mod:`sgd_horovod.in_place`)."""
+    for name in _ENV_SET:
+        if name not in env:
+            os.environ.pop(name, None)
     os.environ.update(env)
+    _ENV_SET[:] = list(env)
     install_in_place()
 
 
 def _shutdown_horovod() -> None:
+    """On each worker at the group's end: Horovod shut down, and what an elastic job set in this
+    process (``ray_logger``'s queue, the commit order) forgotten, so that the process can serve
+    another group (:meth:`_HorovodBackend.reuses_processes`)."""
+    from sgd_horovod import in_place, ray_logger
+
+    ray_logger.reset()
+    in_place.keep_before_host_check(False)
     if "horovod.torch" not in sys.modules:
         return
     import horovod.torch as hvd
@@ -259,6 +275,13 @@ class _HorovodBackend(Backend):
                                "the workers are stopped anyway", SHUTDOWN_TIMEOUT_S)
         finally:
             self._stop_service()
+
+    def reuses_processes(self, backend_config: BackendConfig) -> bool:
+        """A process serves another Horovod group once :meth:`on_shutdown` ran ``hvd.shutdown()``
+        there (sgd.keep_workers): the next :meth:`on_start` sets every ``HOROVOD_*`` variable
+        anew (and removes the last group's that it does not set), and ``hvd.init()`` reads them,
+        as the survivors of an in-place re-form do."""
+        return isinstance(backend_config, HorovodConfig)
 
     def reforms_in_place(self, worker_group: Workers, backend_config: BackendConfig) -> bool:
         """A run whose training function uses ``hvd.elastic.run`` re-forms in place: :meth:`on_start`

@@ -31,6 +31,14 @@ def configure(queue: Optional[Any]) -> None:
     _configured = True
 
 
+def reset() -> None:
+    """Forget the run's queue (the worker's group ended): a later :func:`log` in this process,
+    outside such a run, warns and drops its dict."""
+    global _queue, _configured
+    _queue = None
+    _configured = False
+
+
 def log(info_dict: Dict[str, Any]) -> None:
     """Send ``info_dict`` (anything Ray can serialise) to the driver's callbacks.
 

@@ -34,7 +34,7 @@ import socket
 import threading
 import time
 from collections import OrderedDict
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -58,13 +58,23 @@ def _limit_from_env() -> int:
     return value
 
 
+class Parked(NamedTuple):
+    """A parked process: its actor, the node it runs on, and the pid and host name it reported
+    when parked (what :func:`end_kept_workers` waits on; ``None`` where unknown)."""
+
+    actor: Any
+    node: str
+    pid: Optional[int] = None
+    host: Optional[str] = None
+
+
 class _Kept:
-    """The parked processes: by (Ray session, tag), oldest first, each with the node it runs on."""
+    """The parked processes: by (Ray session, tag), oldest first."""
 
     def __init__(self) -> None:
         self.limit: Optional[int] = None  # None: read ENV on first use
         self._lock = threading.Lock()
-        self._parked: OrderedDict[Tuple[str, str], List[Tuple[Any, str]]] = OrderedDict()
+        self._parked: OrderedDict[Tuple[str, str], List[Parked]] = OrderedDict()
 
     def max_idle(self) -> int:
         if self.limit is None:
@@ -81,58 +91,48 @@ class _Kept:
         with self._lock:
             self._forget_other_sessions(session)
             parked = self._parked.get((session, tag), [])
-            for i, (actor, node) in enumerate(parked):
-                if node == node_id:
+            for i, entry in enumerate(parked):
+                if entry.node == node_id:
                     del parked[i]
-                    _PROCESSES.pop(_key(actor), None)
-                    return actor
+                    return entry.actor
         return None
 
-    def park(self, tag: str, actors: List[Tuple[Any, str]]) -> List[Any]:
-        """Keep ``actors`` (each with its node) under ``tag``; returns those over the limit, to kill
-        (the oldest parked go first)."""
+    def park(self, tag: str, entries: List[Parked]) -> List[Parked]:
+        """Keep ``entries`` under ``tag``; returns those over the limit, to kill (the oldest parked
+        go first)."""
         session = _ray_session()
         with self._lock:
             self._forget_other_sessions(session)
-            self._parked.setdefault((session, tag), []).extend(actors)
+            self._parked.setdefault((session, tag), []).extend(entries)
             self._parked.move_to_end((session, tag))
         return self.trim()
 
-    def trim(self) -> List[Any]:
+    def trim(self) -> List[Parked]:
         """The oldest parked processes over the limit, removed from the pool (to kill)."""
         with self._lock:
             over = sum(len(v) for v in self._parked.values()) - self.max_idle()
-            evicted: List[Any] = []
+            evicted: List[Parked] = []
             for parked in self._parked.values():
                 while over > 0 and parked:
-                    evicted.append(parked.pop(0)[0])
+                    evicted.append(parked.pop(0))
                     over -= 1
             return evicted
 
-    def drain(self) -> List[Any]:
+    def drain(self) -> List[Parked]:
         """Every parked process of this Ray session, removed from the pool (to kill)."""
         with self._lock:
             session = _ray_session() if ray.is_initialized() else None
-            actors = [a for (s, _), parked in self._parked.items() if s == session for a, _ in parked]
+            entries = [e for (s, _), parked in self._parked.items() if s == session for e in parked]
             self._parked.clear()
-            return actors
+            return entries
 
     def _forget_other_sessions(self, session: str) -> None:
         # Their processes ended with the driver's connection to that cluster.
         for key in [k for k in self._parked if k[0] != session]:
-            for actor, _ in self._parked.pop(key):
-                _PROCESSES.pop(_key(actor), None)
+            del self._parked[key]
 
 
 KEPT = _Kept()
-
-#: The pid and host name of each parked process (by actor id), reported when it was parked: what
-#: :func:`end_kept_workers` waits on.
-_PROCESSES: Dict[Any, Tuple[int, str]] = {}
-
-
-def _key(actor: Any) -> Any:
-    return getattr(actor, "_actor_id", actor)
 
 
 def _ray_session() -> str:
@@ -152,7 +152,7 @@ def keep_workers(count: int) -> None:
     imports (a 2-worker torch trainer: about 2.7 s to start and stop, 5 CPU-seconds, without;
     a fraction with). Only groups of CPU workers (at most 1 CPU each) whose backend says its
     processes can be reused are kept (:meth:`sgd.Backend.reuses_processes`: sgd-core's no-op
-    backend, sgd-torch, sgd-xgboost's XGBoost and LightGBM), and never one that failed.
+    backend, sgd-torch, sgd-horovod, sgd-xgboost's XGBoost and LightGBM), and never one that failed.
     ``0`` (the default, or the ``SGD_KEEP_WORKERS`` environment variable) keeps none and ends the
     processes kept so far, waiting up to 5 s until they exited (their ``atexit`` handlers ran):
     call it before a ``ray.shutdown()`` of your own, which would kill them.
@@ -165,8 +165,8 @@ def keep_workers(count: int) -> None:
     if count == 0:
         end_kept_workers()
     else:
-        for actor in KEPT.trim():  # over the new limit
-            end_kept(actor)
+        for entry in KEPT.trim():  # over the new limit
+            end_kept(entry.actor)
 
 
 def kept_workers() -> int:
@@ -182,10 +182,10 @@ def end_kept_workers(patience_s: float = 5.0) -> None:
     measurement is written there), so the processes on this machine are waited for by pid until
     they are gone; those on other machines until Ray answers."""
     deadline = time.monotonic() + patience_s
-    actors = KEPT.drain()
+    entries = KEPT.drain()
     here = socket.gethostname()
-    pids = [w[0] for w in map(_PROCESSES.get, map(_key, actors)) if w is not None and w[1] == here]
-    refs = [ref for ref in map(end_kept, actors) if ref is not None]
+    pids = [e.pid for e in entries if e.pid is not None and e.host == here]
+    refs = [ref for ref in (end_kept(e.actor) for e in entries) if ref is not None]
     if refs:
         ray.wait(refs, num_returns=len(refs), timeout=patience_s)
     while pids and time.monotonic() < deadline:
@@ -207,7 +207,6 @@ def _alive(pid: int) -> bool:
 def end_kept(actor: Any) -> Any:
     """Ask a parked process to exit, as a finished actor does (its ``atexit`` handlers run: a
     coverage measurement is saved); it is idle, so it does at once. Its exit's reference."""
-    _PROCESSES.pop(_key(actor), None)
     try:
         return actor.__ray_terminate__.remote()
     except Exception:  # already gone with its cluster
@@ -228,7 +227,7 @@ def park(tag: str, workers: List[Any], node_ids: List[str], patience_s: float) -
     ``patience_s`` (at least 1 s) under ``tag``; kill the others (still busy, or gone)."""
     refs = [w._sgd_park.remote() for w in workers]
     ready, _ = wait(refs, timeout=max(patience_s, 1.0))
-    parked: List[Tuple[Any, str]] = []
+    parked: List[Parked] = []
     for w, node, ref in zip(workers, node_ids, refs):
         where = None
         if ref in ready:
@@ -237,12 +236,12 @@ def park(tag: str, workers: List[Any], node_ids: List[str], patience_s: float) -
             except Exception:
                 logger.debug("a worker could not be parked", exc_info=True)
         if where:
-            parked.append((w, node))
-            _PROCESSES[_key(w)] = tuple(where)
+            pid, host = where
+            parked.append(Parked(w, node, pid, host))
         else:
             ray.kill(w, no_restart=True)
-    for actor in KEPT.park(tag, parked):  # over the limit: idle, they exit at once
-        end_kept(actor)
+    for entry in KEPT.park(tag, parked):  # over the limit: idle, they exit at once
+        end_kept(entry.actor)
 
 
 def tag_for(bundle: Dict[str, float], backend_tag: Optional[str]) -> Optional[str]:
