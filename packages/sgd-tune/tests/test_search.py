@@ -1,4 +1,5 @@
-"""A real search: 2-worker torch regression over ``lr`` with ASHA; checkpoints load back."""
+"""A real search: 2-worker torch regression over ``lr`` with ASHA, its trials on one reused actor;
+checkpoints load back."""
 
 from __future__ import annotations
 
@@ -52,7 +53,9 @@ def test_asha_search_over_lr(ray_cluster, storage_path):
         trainable,
         # Best first, so that the later, worse trials meet ASHA's cut-off and stop early.
         param_space={"lr": tune.grid_search([0.5, 0.2, 0.02, 0.001])},
-        tune_config=tune.TuneConfig(metric="loss", mode="min", scheduler=scheduler, max_concurrent_trials=1),
+        # Trials on one reused actor (its started trainer): a stopped trial's run ends at reset_config.
+        tune_config=tune.TuneConfig(metric="loss", mode="min", scheduler=scheduler, max_concurrent_trials=1,
+                                    reuse_actors=True),
         run_config=tune.RunConfig(storage_path=storage_path, name="asha", verbose=0),
     )
     results = tuner.fit()
