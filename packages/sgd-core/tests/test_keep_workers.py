@@ -64,6 +64,41 @@ def test_a_process_that_died_while_parked_is_replaced(keeping):
     assert len(set(first) & set(second)) == 1
 
 
+def _killed_once_at_epoch_1(config):
+    """Rank 1 of the first attempt waits at epoch 1 until it is killed; the restart goes through."""
+    import time
+    from pathlib import Path
+
+    mark = Path(config["dir"], "waited")
+    for epoch in range(3):
+        sgd.report(epoch=epoch, pid=os.getpid())
+        if epoch == 1 and sgd.world_rank() == 1 and not mark.exists():
+            mark.touch()
+            while True:  # KillWorker SIGKILLs this process once the round of epoch 1 arrives
+                time.sleep(0.05)
+    return os.getpid()
+
+
+def test_a_worker_replaced_after_a_death_is_a_kept_process_and_the_group_is_not_kept(keeping, tmp_path):
+    """A restart after a worker death takes a kept process for the dead worker (no process start,
+    no framework import); a group that replaced a worker is not kept at its end."""
+    from sgd_testing import KillWorker
+
+    parked = set(_pids(num_workers=4))
+    assert sgd.kept_workers() == 4
+    kill = KillWorker(at=1, rank=1)
+    trainer = sgd.Trainer(backend="base", num_workers=2, max_retries=1)
+    trainer.start()
+    try:
+        after = trainer.run(_killed_once_at_epoch_1, config={"dir": str(tmp_path)}, callbacks=[kill])
+    finally:
+        trainer.shutdown()
+    assert len(kill.killed) == 1 and kill.killed[0] not in after
+    assert set(after) <= parked, (after, parked)  # the replacement too: a process a trainer left
+    # Two taken at the start and one at the restart: one left; the replacing group's two ended.
+    assert sgd.kept_workers() == 1
+
+
 def test_keep_workers_zero_ends_the_kept_processes(keeping):
     first = _pids()
     sgd.keep_workers(0)

@@ -144,8 +144,11 @@ class WorkerGroup(_Reservation, _Calls):
         #: (see :attr:`sgd.backend.Workers.run_notes`); kept by the run's group.
         self.run_notes: List[Optional[Dict[str, Any]]] = []
         # Its owner's tag (sgd.worker_group.keep): with sgd.keep_workers on, a clean shutdown
-        # parks the processes for the next group with the same tag. ``_kept``: the tag in use.
+        # parks the processes for the next group with the same tag. ``_takes``: the tag its
+        # workers are taken under (from the start on); ``_kept``: the tag they are parked under
+        # at shutdown (none once a worker was replaced or added).
         self._keep_tag = keep_tag
+        self._takes: Optional[str] = None
         self._kept: Optional[str] = None
         self.start()
 
@@ -168,9 +171,9 @@ class WorkerGroup(_Reservation, _Calls):
         bundle = self.bundle
         if not bundle:
             raise ValueError("each worker must reserve some resource (CPU, GPU or a custom one)")
-        self._kept = None
+        self._kept = self._takes = None
         if self._actor_cls is None and self._given_pg is None and ray.util.get_current_placement_group() is None:
-            self._kept = tag_for(bundle, self._keep_tag)
+            self._kept = self._takes = tag_for(bundle, self._keep_tag)
         try:
             self._slots = self._reserve(self.num_workers, first=True, node_id=self._node_id)
             self._start_actors(first=True)
@@ -184,20 +187,21 @@ class WorkerGroup(_Reservation, _Calls):
     def _launch(self, slots: List[Tuple[PlacementGroup, int]],
                 first: bool = False) -> Tuple[List[Any], List[WorkerMetadata]]:
         """Start one actor per slot and wait for each to report where it runs (``first``: the
-        group's first start, the only one that may take or leave processes kept for later)."""
+        group's first start; a group that started another way never leaves its processes kept
+        for later)."""
         remote_cls = remote_worker_class(self._actor_cls)
         extra = {k: v for k, v in self.additional_resources_per_worker.items() if v > 0}
         taken: Dict[int, str] = {}  # index in slots -> node, of processes a previous group kept
         if not first:
             # A group that replaces, adds or restarts workers (after a failure, while it re-forms
-            # on hosts that come and go) starts them as any group does, in their bundles, and is
+            # on hosts that come and go) takes kept processes as its first start did, but is
             # never kept: its processes end with it.
             self._kept = None
-        if self._kept is not None:
+        if self._takes is not None:
             nodes = self._slot_nodes(slots)
             actors = []
             for i, node in enumerate(nodes):
-                actor = KEPT.take(self._kept, node)
+                actor = KEPT.take(self._takes, node)
                 if actor is None:
                     actor = new_kept_actor(remote_cls, node)
                 else:
