@@ -8,8 +8,10 @@ drags in a CUDA build.
 from __future__ import annotations
 
 import os
+from typing import List
 
 import nox
+import nox.command
 
 nox.options.sessions = ["unit", "lint", "tests", "docs"]
 nox.options.reuse_venv = "yes"
@@ -24,7 +26,7 @@ TEST_DEPS = ["pytest>=8", "pytest-timeout", "pytest-xdist",  # pytest-xdist: the
              "torch-tb-profiler",  # TensorBoard's PyTorch Profiler plugin parses the traces sgd writes
              "import-linter",  # tests/test_layers.py runs the import contracts
              "hypothesis",  # property-based tests: failure positions and report/checkpoint orders
-             "coverage>=7.4",  # nox -s coverage; sgd-core's tests check that a parked kept process saves its measurement
+             "coverage>=7.4",  # nox -s coverage; a test checks that a parked kept process saves its measurement
              "nbclient", "ipykernel", "nbformat",  # tests/test_notebook.py runs the quickstart notebook in a kernel
              "scikit-learn"]  # sgd-xgboost's tests train on scikit-learn's bundled datasets
 # The test session also installs the packages with heavy optional parts, with those parts.
@@ -61,14 +63,21 @@ def _install(session: nox.Session, *extra: str) -> None:
     session.install(*CONSTRAINTS, *[arg for p in PACKAGES for arg in ("-e", p)], *extra)
 
 
-#: ``SGD_TEST_WORKERS=N`` (N > 0) runs the whole suite on N pytest-xdist workers, each with its
-#: own local Ray cluster; one test file stays on one worker (its module-scoped fixtures are made
-#: once) and the tests on the three-host fixture share one worker (docs/contributing.md). The
-#: default, 0, runs it in one process: on 3 workers six tests still fail on a loaded 2-core
-#: machine (their timing), which CI must not hope past.
+#: ``SGD_TEST_WORKERS=N`` (N > 0) runs the suite in two parts: every test not marked ``serial`` on
+#: N pytest-xdist workers, each with its own local Ray cluster (one test file stays on one worker,
+#: so its module-scoped fixtures are made once), then the ``serial`` tests in one process, alone on
+#: the machine: the three-host tests (fixed addresses, host heartbeats) and those whose timing a
+#: loaded machine breaks (docs/contributing.md). ``0`` runs everything in one process.
 _WORKERS = os.environ.get("SGD_TEST_WORKERS", "0")
-WHOLE_SUITE = (["-n", _WORKERS, "--dist", "loadgroup", "--no-loadscope-reorder"] if _WORKERS not in ("", "0") else []) \
-    + ["packages", "tests"]
+WHOLE_SUITE = ["packages", "tests"]
+
+
+def _suite_parts(workers: str) -> List[List[str]]:
+    """The pytest runs of the whole suite on ``workers`` xdist workers (``SGD_TEST_WORKERS``)."""
+    if workers in ("", "0"):
+        return [WHOLE_SUITE]
+    return [["-n", workers, "--dist", "loadgroup", "--no-loadscope-reorder", "-m", "not serial", *WHOLE_SUITE],
+            ["-m", "serial", *WHOLE_SUITE]]
 
 
 @nox.session(python=PYTHON)
@@ -81,8 +90,19 @@ def tests(session: nox.Session) -> None:
     if not session.posargs:
         session.notify("docs")
     _install_tests(session)
-    args = session.posargs or WHOLE_SUITE
-    session.run("pytest", *args, env={"PYTHONUNBUFFERED": "1"})
+    env = {"PYTHONUNBUFFERED": "1"}
+    if session.posargs:
+        session.run("pytest", *session.posargs, env=env)
+        return
+    # Every part runs, also after one failed, so that one run reports every failure.
+    failed = []
+    for args in _suite_parts(_WORKERS):
+        try:
+            session.run("pytest", *args, env=env)
+        except nox.command.CommandFailed:
+            failed.append(args)
+    if failed:
+        session.error("tests failed in: " + "; ".join(" ".join(a[:-2]) or "pytest" for a in failed))
 
 
 def _install_tests(session: nox.Session, *extra: str) -> None:

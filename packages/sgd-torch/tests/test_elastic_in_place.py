@@ -118,6 +118,7 @@ def test_a_fixed_size_group_keeps_its_survivors_and_ends_with_the_model_of_a_run
         trainer.shutdown()
 
 
+@pytest.mark.serial  # failed under load in parallel runs (docs/contributing.md)
 def test_an_elastic_group_goes_on_with_its_survivors_at_once(ray_cluster):
     trainer = _elastic_trainer()
     try:
@@ -170,6 +171,7 @@ def test_a_step_redone_after_the_last_commit_is_reported_once(ray_cluster):
         trainer.shutdown()
 
 
+@pytest.mark.serial  # failed under load in parallel runs (docs/contributing.md)
 def test_a_silent_worker_is_left_out_within_the_collective_timeout(ray_cluster):
     # SIGSTOP: no TCP reset, the peers' all_reduce just waits. With timeout_s=5 it fails on
     # the survivors, the stopped worker does not answer the driver, and is left out.
@@ -293,6 +295,7 @@ def test_an_elastic_group_grows_in_place_when_room_returns(ray_cluster, monkeypa
     assert first < {r["pid"] for r in rounds[-1]}, "the two first workers kept their processes"
 
 
+@pytest.mark.serial  # failed under load in parallel runs (docs/contributing.md)
 def test_two_losses_in_a_row_leave_the_group_at_its_minimum(ray_cluster):
     import ray
 

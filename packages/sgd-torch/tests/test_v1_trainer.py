@@ -76,6 +76,7 @@ def test_num_steps_and_profile(linear):
     assert linear.validate(num_steps=1)["num_samples"] == 32
 
 
+@pytest.mark.serial  # failed under load in parallel runs (docs/contributing.md)
 def test_get_model_and_save_restore_into_a_new_trainer(linear, tmp_path):
     linear.train()
     model = linear.get_model()

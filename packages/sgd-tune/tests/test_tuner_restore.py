@@ -7,6 +7,7 @@ import json
 import textwrap
 from pathlib import Path
 
+import pytest
 import ray
 from ray import tune
 
@@ -70,6 +71,7 @@ def _held_and_saved(experiment: Path) -> bool:
             and written > max(c.stat().st_mtime for c in checkpoints))
 
 
+@pytest.mark.serial  # failed under load in parallel runs (docs/contributing.md)
 def test_restore_after_the_driver_is_killed(ray_cluster, storage_path, tmp_path, monkeypatch):
     import inspect
 

@@ -268,6 +268,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "fresh_workers: every worker the test starts is a new process (sgd.keep_workers off)"
     )
+    config.addinivalue_line(
+        "markers", "serial: runs alone on the machine (nox -s tests runs it after the parallel part): "
+        "its timing breaks under load. Every test on the three-host fixture is serial.",
+    )
     keep = int(os.environ.get("SGD_KEEP_WORKERS") or config.getini("sgd_keep_workers") or 0)
     if keep:
         import sgd
@@ -290,7 +294,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         end_kept_workers(patience_s=KEPT_EXIT_S)
 
 
+@pytest.hookimpl(tryfirst=True)  # the marks it adds must be there when `-m` selects
 def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
+    for item in items:  # before -m selects: `-m serial` takes them, `-m "not serial"` leaves them
+        if HOST_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.serial)
     if config.pluginmanager.hasplugin("xdist") and getattr(config.option, "numprocesses", None):
         _group_for_xdist(items)
     try:
