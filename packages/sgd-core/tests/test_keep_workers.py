@@ -66,7 +66,7 @@ def test_a_process_that_died_while_parked_is_replaced(keeping):
 
 def _killed_once_at_epoch_1(config):
     """Rank 1 of the first attempt waits at epoch 1 until it is killed; the restart goes through."""
-    import time
+    import threading
     from pathlib import Path
 
     mark = Path(config["dir"], "waited")
@@ -74,8 +74,7 @@ def _killed_once_at_epoch_1(config):
         sgd.report(epoch=epoch, pid=os.getpid())
         if epoch == 1 and sgd.world_rank() == 1 and not mark.exists():
             mark.touch()
-            while True:  # KillWorker SIGKILLs this process once the round of epoch 1 arrives
-                time.sleep(0.05)
+            threading.Event().wait()  # until KillWorker SIGKILLs this process (the round of epoch 1 arrived)
     return os.getpid()
 
 
