@@ -115,8 +115,9 @@ def _install_tests(session: nox.Session, *extra: str) -> None:
 
 @nox.session(python=PYTHON)
 def coverage(session: nox.Session) -> None:
-    """Line and branch coverage of every package over the suite (``nox -s tests``' tests, or the
-    paths given), Ray's worker processes and spawned drivers included: a table per package in
+    """Line and branch coverage of every package over the suite (``nox -s tests``' tests, in its
+    parts, or the paths given), Ray's worker processes, xdist's workers and spawned drivers
+    included: a table per package in
     ``build/coverage/coverage-by-package.md`` (docs/contributing.md)."""
     _install_tests(session)
     out = os.path.abspath("build/coverage")
@@ -130,7 +131,9 @@ def coverage(session: nox.Session) -> None:
     env = {"PYTHONUNBUFFERED": "1", "COVERAGE_PROCESS_START": os.path.abspath("pyproject.toml"),
            "COVERAGE_FILE": os.path.join(out, ".coverage")}
     try:
-        session.run("pytest", *(session.posargs or WHOLE_SUITE), env=env, success_codes=[0, 1])
+        # The same parts as ``nox -s tests`` (a failing test still leaves its measurement).
+        for args in [session.posargs] if session.posargs else _suite_parts(_WORKERS):
+            session.run("pytest", *args, env=env, success_codes=[0, 1])
     finally:
         os.remove(os.path.join(site, "sgd_coverage.pth"))
     session.run("coverage", "combine", "--rcfile=pyproject.toml", "--keep", "-q", env=env)

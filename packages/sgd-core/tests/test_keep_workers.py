@@ -55,6 +55,52 @@ def test_a_run_that_failed_leaves_no_process_behind(keeping):
     assert sgd.kept_workers() == 0
 
 
+def _rank_0_fails_rank_1_waits_forever():
+    """Rank 0 raises; rank 1 never reaches a report, so it cannot be asked to stop."""
+    import threading
+
+    if sgd.world_rank() == 0:
+        raise ValueError("boom")
+    threading.Event().wait()
+
+
+def test_workers_whose_runs_ended_after_a_failed_run_serve_the_next_run(keeping):
+    """An error in one rank stops the others at their next report: no process is ended, and the
+    next run sets the backend up again in the same processes."""
+    def fails_on_rank_0():
+        if sgd.world_rank() == 0:
+            raise ValueError("boom")
+        return os.getpid()
+
+    trainer = sgd.Trainer(backend="base", num_workers=2)
+    trainer.start()
+    try:
+        before = trainer.run(os.getpid)
+        with pytest.raises(ValueError, match="boom"):
+            trainer.run(fails_on_rank_0)
+        assert trainer.run(os.getpid) == before
+    finally:
+        trainer.shutdown()
+    assert sgd.kept_workers() == 2
+
+
+def test_a_group_started_anew_after_a_failed_run_is_kept_at_its_end(keeping):
+    """A worker that does not end its run in time is killed with the whole group; the next run
+    starts every worker anew, so that group is as clean as a first one and is kept."""
+    trainer = sgd.Trainer(backend="base", num_workers=2)
+    trainer.start()
+    try:
+        failed = trainer.run(os.getpid)
+        with pytest.raises(ValueError, match="boom"):
+            trainer.run(_rank_0_fails_rank_1_waits_forever)
+        again = trainer.run(os.getpid)
+    finally:
+        trainer.shutdown()
+    assert not set(again) & set(failed)  # the failed group's processes ended with it
+    assert sgd.kept_workers() == 2
+    assert sorted(_pids()) == sorted(again)  # the next trainer runs in them
+
+
 def test_a_process_that_died_while_parked_is_replaced(keeping):
     first = _pids()
     actor = KEPT._parked[next(iter(KEPT._parked))][0].actor
@@ -78,9 +124,9 @@ def _killed_once_at_epoch_1(config):
     return os.getpid()
 
 
-def test_a_worker_replaced_after_a_death_is_a_kept_process_and_the_group_is_not_kept(keeping, tmp_path):
+def test_a_worker_replaced_after_a_death_is_a_kept_process_and_the_group_is_kept(keeping, tmp_path):
     """A restart after a worker death takes a kept process for the dead worker (no process start,
-    no framework import); a group that replaced a worker is not kept at its end."""
+    no framework import); the group, survivor included, is kept at its end."""
     from sgd_testing import KillWorker
 
     parked = set(_pids(num_workers=4))
@@ -94,8 +140,9 @@ def test_a_worker_replaced_after_a_death_is_a_kept_process_and_the_group_is_not_
         trainer.shutdown()
     assert len(kill.killed) == 1 and kill.killed[0] not in after
     assert set(after) <= parked, (after, parked)  # the replacement too: a process a trainer left
-    # Two taken at the start and one at the restart: one left; the replacing group's two ended.
-    assert sgd.kept_workers() == 1
+    # Two taken at the start and one at the restart: one left, and the group's two parked again.
+    assert sgd.kept_workers() == 3
+    assert set(_pids()) <= set(after) | parked
 
 
 def test_keep_workers_zero_ends_the_kept_processes(keeping):
@@ -198,7 +245,7 @@ def test_a_test_marked_fresh_workers_gets_new_processes(ray_cluster):
     assert not set(_pids()) & set(first)
 
 
-def test_a_group_that_replaced_a_worker_is_not_kept(keeping, tmp_path):
+def test_a_group_that_replaced_a_worker_is_kept(keeping, tmp_path):
     marker = str(tmp_path / "died")
 
     def dies_once():
@@ -210,12 +257,13 @@ def test_a_group_that_replaced_a_worker_is_not_kept(keeping, tmp_path):
     trainer = sgd.Trainer(backend="base", num_workers=2, max_retries=2)
     trainer.start()
     try:
-        assert len(set(trainer.run(dies_once))) == 2
+        pids = trainer.run(dies_once)
     finally:
         trainer.shutdown()
-    assert os.path.exists(marker)
-    # Its workers were started again in their bundles (the dead one, or all): none is kept.
-    assert sgd.kept_workers() == 0
+    assert os.path.exists(marker) and len(set(pids)) == 2
+    # The survivor and the dead worker's replacement forgot their run: both are kept.
+    assert sgd.kept_workers() == 2
+    assert sorted(_pids()) == sorted(pids)
 
 
 _KILLED_AFTER_PARKING = r'''

@@ -372,6 +372,30 @@ def test_error_while_peer_is_in_all_reduce(trainer):
     assert trainer.run(all_reduce) == [3.0, 3.0]
 
 
+def test_after_an_error_mid_collective_the_next_run_has_the_same_processes_and_a_new_process_group(trainer):
+    """The failure ends the peer's all_reduce at once, so every run ends and no process is
+    replaced; the next run's process group is a new one that works."""
+
+    def pid_and_all_reduce():
+        import torch.distributed as dist
+
+        t = torch.ones(1) * (sgd.world_rank() + 1)
+        dist.all_reduce(t)
+        return os.getpid(), t.item()
+
+    def fails_in_the_collective():
+        import torch.distributed as dist
+
+        if sgd.world_rank() == 1:
+            raise RuntimeError("rank 1 broke before the all_reduce")
+        dist.all_reduce(torch.ones(1))
+
+    before = trainer.run(pid_and_all_reduce)
+    with pytest.raises(RuntimeError, match="rank 1 broke"):
+        trainer.run(fails_in_the_collective)
+    assert trainer.run(pid_and_all_reduce) == before == [(before[0][0], 3.0), (before[1][0], 3.0)]
+
+
 def test_teardown_destroys_process_group(ray_cluster):
     from sgd_torch import TorchBackend
 

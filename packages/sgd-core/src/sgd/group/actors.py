@@ -355,7 +355,9 @@ class ActorGroup(_Placing, _InPlace):
 
     def end(self, ok: bool, error: Optional[BaseException] = None) -> None:
         """Close a run: on success just forget it (keeping what its workers noted at the end, for
-        the backend's next ``on_training_start``); on failure stop every worker at once."""
+        the backend's next ``on_training_start``). On failure, keep the workers if every run
+        ends within :data:`FAILED_RUN_PATIENCE_S` and the backend keeps survivors; else stop
+        every worker at once."""
         if ok and self._rounds is not None and self.worker_group is not None:
             if len(self._rounds.notes) == len(self.worker_group):
                 self.worker_group.run_notes = list(self._rounds.notes)
@@ -367,9 +369,25 @@ class ActorGroup(_Placing, _InPlace):
             self._dirty = False
             return
         self.handle_failure(error)
+        if isinstance(error, Exception) and self._every_run_ends_within(FAILED_RUN_PATIENCE_S):
+            # The failing worker's run ended, the others' at their next report: the processes
+            # stay (no new process, no framework import); the next run first sets the backend
+            # up on them again, as a restart that keeps survivors does.
+            return
         # A worker may be blocked in a collective its failed peer will never
         # join; only killing the processes stops it. Fresh actors start lazily.
         self.worker_group.stop_actors(patience_s=0)
+
+    def _every_run_ends_within(self, patience_s: float) -> bool:
+        """Whether every worker is alive and its run ended within ``patience_s`` of being asked
+        to stop, for a backend that can be set up again in live processes
+        (:meth:`sgd.Backend.keeps_survivors`)."""
+        wg = self.worker_group
+        if patience_s <= 0 or wg is None or not wg.workers or self.backend is None:
+            return False
+        if not self.backend.keeps_survivors(wg, self.backend_config):
+            return False
+        return len(idle_survivors(wg, patience_s)) == len(wg.workers)
 
     def stop(self, patience_s: float) -> bool:
         """Stop a running training function on every worker at its next report or checkpoint,
@@ -416,3 +434,7 @@ BackendExecutor = ActorGroup
 #: spreads through a process group one rank at a time (see sgd.backend.on_worker_run_error).
 #: Only for backends that keep survivors (:meth:`sgd.Backend.keeps_survivors`).
 SURVIVOR_PATIENCE_S = float(os.environ.get("SGD_SURVIVOR_PATIENCE_S", "5"))
+#: After a run failed (an error in a training function), how long the other workers get to end
+#: their run (they are asked to stop at their next report) before every worker is killed. If all
+#: end in time, and the backend keeps survivors, the processes serve the next run.
+FAILED_RUN_PATIENCE_S = float(os.environ.get("SGD_FAILED_RUN_PATIENCE_S", "0.5"))

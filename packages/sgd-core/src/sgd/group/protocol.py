@@ -121,7 +121,8 @@ class RunGroup(Protocol):
         """Every worker's Python stacks, one string per worker in rank order."""
 
     def end(self, ok: bool, error: Optional[BaseException] = None) -> None:
-        """Close a run: on failure stop every worker at once."""
+        """Close a run: on failure stop every worker whose run does not end at once (all of
+        them, unless the backend can be set up again in live processes)."""
 
     def stop(self, patience_s: float) -> bool:
         """Stop a running function at its next report; whether every worker stopped in time."""

@@ -144,11 +144,11 @@ class WorkerGroup(_Reservation, _Calls):
         #: (see :attr:`sgd.backend.Workers.run_notes`); kept by the run's group.
         self.run_notes: List[Optional[Dict[str, Any]]] = []
         # Its owner's tag (sgd.worker_group.keep): with sgd.keep_workers on, a clean shutdown
-        # parks the processes for the next group with the same tag. ``_takes``: the tag its
-        # workers are taken under (from the start on); ``_kept``: the tag they are parked under
-        # at shutdown (none once a worker was replaced or added).
+        # parks the processes for the next group with the same tag. ``_kept``: the tag its
+        # workers are taken from the pool under and parked under (None: not kept, see tag_for).
+        # Workers that replace others, or are added, are taken and parked the same way: a
+        # process is parked only after it forgot its run (sgd.worker_group.keep.park).
         self._keep_tag = keep_tag
-        self._takes: Optional[str] = None
         self._kept: Optional[str] = None
         self.start()
 
@@ -171,12 +171,12 @@ class WorkerGroup(_Reservation, _Calls):
         bundle = self.bundle
         if not bundle:
             raise ValueError("each worker must reserve some resource (CPU, GPU or a custom one)")
-        self._kept = self._takes = None
+        self._kept = None
         if self._actor_cls is None and self._given_pg is None and ray.util.get_current_placement_group() is None:
-            self._kept = self._takes = tag_for(bundle, self._keep_tag)
+            self._kept = tag_for(bundle, self._keep_tag)
         try:
             self._slots = self._reserve(self.num_workers, first=True, node_id=self._node_id)
-            self._start_actors(first=True)
+            self._start_actors()
         except BaseException:
             for actor in self.workers:  # asked for but never running: not a group
                 ray.kill(actor, no_restart=True)
@@ -184,24 +184,17 @@ class WorkerGroup(_Reservation, _Calls):
             self._release()
             raise
 
-    def _launch(self, slots: List[Tuple[PlacementGroup, int]],
-                first: bool = False) -> Tuple[List[Any], List[WorkerMetadata]]:
-        """Start one actor per slot and wait for each to report where it runs (``first``: the
-        group's first start; a group that started another way never leaves its processes kept
-        for later)."""
+    def _launch(self, slots: List[Tuple[PlacementGroup, int]]) -> Tuple[List[Any], List[WorkerMetadata]]:
+        """Start one actor per slot (a kept process where there is one) and wait for each to
+        report where it runs."""
         remote_cls = remote_worker_class(self._actor_cls)
         extra = {k: v for k, v in self.additional_resources_per_worker.items() if v > 0}
         taken: Dict[int, str] = {}  # index in slots -> node, of processes a previous group kept
-        if not first:
-            # A group that replaces, adds or restarts workers (after a failure, while it re-forms
-            # on hosts that come and go) takes kept processes as its first start did, but is
-            # never kept: its processes end with it.
-            self._kept = None
-        if self._takes is not None:
+        if self._kept is not None:
             nodes = self._slot_nodes(slots)
             actors = []
             for i, node in enumerate(nodes):
-                actor = KEPT.take(self._takes, node)
+                actor = KEPT.take(self._kept, node)
                 if actor is None:
                     actor = new_kept_actor(remote_cls, node)
                 else:
@@ -254,8 +247,8 @@ class WorkerGroup(_Reservation, _Calls):
             raise
         return actors, metadata
 
-    def _start_actors(self, first: bool = False) -> None:
-        actors, metadata = self._launch(self._slots, first)
+    def _start_actors(self) -> None:
+        actors, metadata = self._launch(self._slots)
         self.workers = actors
         self._assign_ranks(actors, metadata)
 

@@ -17,8 +17,9 @@ What makes that safe:
   Parked processes therefore hold nothing another job could want, only memory.
 - A worker is parked only after the backend's ``on_shutdown`` ran, after its last training
   function ended, and after it forgot its run (context, session, the hooks its backend set:
-  :func:`sgd._common.run_hooks.clear`). A group that failed, or was stopped mid-run, is killed;
-  so is one that replaced or added a worker, though it took kept processes for them.
+  :func:`sgd._common.run_hooks.clear`). A group whose last run failed, or was stopped mid-run,
+  is killed. One that replaced or added workers (after a death, an elastic re-form) takes kept
+  processes for them and is kept like any other: each of its processes forgot its run.
 - A process that died while parked is noticed when a group takes it and replaced by a new one.
 - Parked processes belong to one Ray session: a ``ray.shutdown()`` ends them with the driver's
   connection, and a later cluster never sees them.
