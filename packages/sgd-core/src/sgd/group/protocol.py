@@ -121,8 +121,8 @@ class RunGroup(Protocol):
         """Every worker's Python stacks, one string per worker in rank order."""
 
     def end(self, ok: bool, error: Optional[BaseException] = None) -> None:
-        """Close a run: on failure stop every worker whose run does not end at once (all of
-        them, unless the backend can be set up again in live processes)."""
+        """Close a run. On failure, the workers stay only if every run ends at once and the
+        backend can be set up again in live processes; otherwise every worker is stopped."""
 
     def stop(self, patience_s: float) -> bool:
         """Stop a running function at its next report; whether every worker stopped in time."""
