@@ -74,8 +74,8 @@ def _python_sigint_handler():
 
 
 @pytest.fixture(scope="module")
-def torch_trainer(ray_cluster_module):
-    trainer = sgd.Trainer(backend="torch", num_workers=2)
+def torch_trainer(ray_cluster_module, tmp_path_factory):
+    trainer = sgd.Trainer(backend="torch", num_workers=2, logdir=tmp_path_factory.mktemp("interrupt"))
     trainer.start()
     yield trainer
     trainer.shutdown()

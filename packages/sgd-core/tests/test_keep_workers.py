@@ -64,9 +64,12 @@ def _rank_0_fails_rank_1_waits_forever():
     threading.Event().wait()
 
 
-def test_workers_whose_runs_ended_after_a_failed_run_serve_the_next_run(keeping):
+def test_workers_whose_runs_ended_after_a_failed_run_serve_the_next_run(keeping, monkeypatch):
     """An error in one rank stops the others at their next report: no process is ended, and the
     next run sets the backend up again in the same processes."""
+    from sgd.group import actors
+
+    monkeypatch.setattr(actors, "FAILED_RUN_PATIENCE_S", 60.0)  # what happens, not how fast
     def fails_on_rank_0():
         if sgd.world_rank() == 0:
             raise ValueError("boom")

@@ -20,12 +20,12 @@ pytestmark = pytest.mark.usefixtures("requires_horovod")
 
 
 @pytest.fixture(scope="module")
-def trainer():
+def trainer(tmp_path_factory):
     """One started 2-worker Horovod trainer for the module (starting one costs seconds)."""
     from sgd_testing.fixtures import _start_local_ray
 
     _start_local_ray()
-    trainer = sgd.Trainer(backend="horovod", num_workers=2)
+    trainer = sgd.Trainer(backend="horovod", num_workers=2, logdir=tmp_path_factory.mktemp("horovod"))
     trainer.start()
     yield trainer
     trainer.shutdown()

@@ -13,12 +13,12 @@ from sgd_testing import KillWorker
 
 
 @pytest.fixture(scope="module")
-def tf_trainer():
+def tf_trainer(tmp_path_factory):
     """One started 2-worker TensorFlow trainer for the module (TensorFlow imports are slow)."""
     from sgd_testing.fixtures import _start_local_ray
 
     _start_local_ray()
-    trainer = sgd.Trainer(backend="tensorflow", num_workers=2)
+    trainer = sgd.Trainer(backend="tensorflow", num_workers=2, logdir=tmp_path_factory.mktemp("tensorflow"))
     trainer.start()
     yield trainer
     trainer.shutdown()

@@ -372,9 +372,14 @@ def test_error_while_peer_is_in_all_reduce(trainer):
     assert trainer.run(all_reduce) == [3.0, 3.0]
 
 
-def test_after_an_error_mid_collective_the_next_run_has_the_same_processes_and_a_new_process_group(trainer):
-    """The failure ends the peer's all_reduce at once, so every run ends and no process is
-    replaced; the next run's process group is a new one that works."""
+def test_after_an_error_mid_collective_the_next_run_has_the_same_processes_and_a_new_process_group(
+        trainer, monkeypatch):
+    """The failure ends the peer's all_reduce, so every run ends and no process is replaced; the
+    next run's process group is a new one that works. (The patience is generous: a loaded
+    machine wakes the peer late, and this is about what happens, not how fast.)"""
+    from sgd.group import actors
+
+    monkeypatch.setattr(actors, "FAILED_RUN_PATIENCE_S", 60.0)
 
     def pid_and_all_reduce():
         import torch.distributed as dist

@@ -64,10 +64,14 @@ def _held_and_saved(experiment: Path) -> bool:
         state = json.loads(states[-1].read_text())
         iterations = [json.loads(meta)["last_result"].get("training_iteration", 0)
                       for _, meta in state["trial_data"]]
+        # Each trial's checkpoint manager (pickled, hex in the JSON) knows that checkpoint: a
+        # state written after the folder appeared may still predate its registration (seen on a
+        # machine slowed by coverage: the restore then went on from the checkpoint before it).
+        registered = all(LAST_TUNE_CHECKPOINT.encode().hex() in meta for _, meta in state["trial_data"])
         written = states[-1].stat().st_mtime
     except (OSError, ValueError, KeyError, TypeError):
         return False  # being rewritten
-    return (len(iterations) == 2 and min(iterations) >= HOLD_AT - 1
+    return (len(iterations) == 2 and min(iterations) >= HOLD_AT - 1 and registered
             and written > max(c.stat().st_mtime for c in checkpoints))
 
 

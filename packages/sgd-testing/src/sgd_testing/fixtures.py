@@ -110,12 +110,14 @@ def actor_calls(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 @pytest.fixture(scope="module")
-def base_trainer() -> Iterator[Any]:
-    """A started 2-worker trainer with the no-op backend, shared by one test module."""
+def base_trainer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A started 2-worker trainer with the no-op backend, shared by one test module; its runs go
+    to a temporary folder (the default, ``~/sgd_results/train_<second>``, is shared by every
+    trainer made in the same second: another xdist worker's runs would be numbered among them)."""
     import sgd
 
     _start_local_ray()
-    trainer = sgd.Trainer(backend=sgd.BackendConfig(), num_workers=2)
+    trainer = sgd.Trainer(backend=sgd.BackendConfig(), num_workers=2, logdir=tmp_path_factory.mktemp("base_trainer"))
     trainer.start()
     yield trainer
     trainer.shutdown()

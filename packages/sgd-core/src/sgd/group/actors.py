@@ -436,5 +436,7 @@ BackendExecutor = ActorGroup
 SURVIVOR_PATIENCE_S = float(os.environ.get("SGD_SURVIVOR_PATIENCE_S", "5"))
 #: After a run failed (an error in a training function), how long the other workers get to end
 #: their run (they are asked to stop at their next report) before every worker is killed. If all
-#: end in time, and the backend keeps survivors, the processes serve the next run.
-FAILED_RUN_PATIENCE_S = float(os.environ.get("SGD_FAILED_RUN_PATIENCE_S", "0.5"))
+#: end in time, and the backend keeps survivors, the processes serve the next run. Runs end within
+#: milliseconds on an idle machine; 0.5 s was too short on a loaded one (the peer of a failed
+#: torch rank left its collective later), and the wait is paid only when some run does not end.
+FAILED_RUN_PATIENCE_S = float(os.environ.get("SGD_FAILED_RUN_PATIENCE_S", "2"))
