@@ -55,6 +55,12 @@ def test_a_run_that_failed_leaves_no_process_behind(keeping):
     assert sgd.kept_workers() == 0
 
 
+def _fails_on_rank_0():
+    if sgd.world_rank() == 0:
+        raise ValueError("boom")
+    return os.getpid()
+
+
 def _rank_0_fails_rank_1_waits_forever():
     """Rank 0 raises; rank 1 never reaches a report, so it cannot be asked to stop."""
     import threading
@@ -64,41 +70,35 @@ def _rank_0_fails_rank_1_waits_forever():
     threading.Event().wait()
 
 
+def _pids_around_a_failed_run(failing):
+    """One trainer: the pids of a run, a run of ``failing`` (raises ValueError: boom), the pids of
+    a run again."""
+    trainer = sgd.Trainer(backend="base", num_workers=2)
+    trainer.start()
+    try:
+        before = trainer.run(os.getpid)
+        with pytest.raises(ValueError, match="boom"):
+            trainer.run(failing)
+        return before, trainer.run(os.getpid)
+    finally:
+        trainer.shutdown()
+
+
 def test_workers_whose_runs_ended_after_a_failed_run_serve_the_next_run(keeping, monkeypatch):
     """An error in one rank stops the others at their next report: no process is ended, and the
     next run sets the backend up again in the same processes."""
     from sgd.group import actors
 
     monkeypatch.setattr(actors, "FAILED_RUN_PATIENCE_S", 60.0)  # what happens, not how fast
-    def fails_on_rank_0():
-        if sgd.world_rank() == 0:
-            raise ValueError("boom")
-        return os.getpid()
-
-    trainer = sgd.Trainer(backend="base", num_workers=2)
-    trainer.start()
-    try:
-        before = trainer.run(os.getpid)
-        with pytest.raises(ValueError, match="boom"):
-            trainer.run(fails_on_rank_0)
-        assert trainer.run(os.getpid) == before
-    finally:
-        trainer.shutdown()
+    before, after = _pids_around_a_failed_run(_fails_on_rank_0)
+    assert after == before
     assert sgd.kept_workers() == 2
 
 
 def test_a_group_started_anew_after_a_failed_run_is_kept_at_its_end(keeping):
     """A worker that does not end its run in time is killed with the whole group; the next run
     starts every worker anew, so that group is as clean as a first one and is kept."""
-    trainer = sgd.Trainer(backend="base", num_workers=2)
-    trainer.start()
-    try:
-        failed = trainer.run(os.getpid)
-        with pytest.raises(ValueError, match="boom"):
-            trainer.run(_rank_0_fails_rank_1_waits_forever)
-        again = trainer.run(os.getpid)
-    finally:
-        trainer.shutdown()
+    failed, again = _pids_around_a_failed_run(_rank_0_fails_rank_1_waits_forever)
     assert not set(again) & set(failed)  # the failed group's processes ended with it
     assert sgd.kept_workers() == 2
     assert sorted(_pids()) == sorted(again)  # the next trainer runs in them
