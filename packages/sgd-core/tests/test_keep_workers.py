@@ -2,6 +2,7 @@
 the same backend; a failed one does not; a parked process holds no resources, forgets its run,
 and is replaced if it died while parked."""
 
+import logging
 import os
 
 import pytest
@@ -84,14 +85,16 @@ def _pids_around_a_failed_run(failing):
         trainer.shutdown()
 
 
-def test_workers_whose_runs_ended_after_a_failed_run_serve_the_next_run(keeping, monkeypatch):
+def test_workers_whose_runs_ended_after_a_failed_run_serve_the_next_run(keeping, monkeypatch, caplog):
     """An error in one rank stops the others at their next report: no process is ended, and the
-    next run sets the backend up again in the same processes."""
+    next run sets the backend up again in the same processes (without asking them again)."""
     from sgd.group import actors
 
     monkeypatch.setattr(actors, "FAILED_RUN_PATIENCE_S", 60.0)  # what happens, not how fast
+    caplog.set_level(logging.INFO, logger="sgd")
     before, after = _pids_around_a_failed_run(_fails_on_rank_0)
-    assert after == before
+    assert after == before, caplog.text
+    assert "every run ended after the failure; keeping all 2 workers" in caplog.text
     assert sgd.kept_workers() == 2
 
 

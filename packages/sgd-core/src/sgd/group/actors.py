@@ -91,6 +91,9 @@ class ActorGroup(_Placing, _InPlace):
         # Whether the group must be replaced before its next run: a run that did not end
         # cleanly leaves the framework (a process group, a collective) in an unknown state.
         self._dirty = False
+        # end() saw every run of a failed run end: the processes are as after a clean run, and
+        # the restart before the next run only sets the backend up again (no second check).
+        self._runs_ended = False
         #: the current run's rounds (between begin and end)
         self._rounds: Optional[RoundCollector] = None
         # The current run's dataset shards and the driver's file server (sgd.group.inputs).
@@ -165,7 +168,7 @@ class ActorGroup(_Placing, _InPlace):
                 else:
                     ray.get([wg.execute_single_async(i, self._initialization_hook) for i in new])
             self.hook.sgd_backend_setup(**self._hook_kwargs())
-        self._dirty = False
+        self._dirty = self._runs_ended = False
 
     def _teardown(self, worker_group: WorkerGroup) -> None:
         if self._dirty:
@@ -207,6 +210,7 @@ class ActorGroup(_Placing, _InPlace):
         return None
 
     def _restart(self, error: Optional[BaseException], size: Optional[int], move: bool) -> None:
+        runs_ended, self._runs_ended = self._runs_ended and error is None, False
         if error is not None:
             self.handle_failure(error)
         self._dirty = True
@@ -223,7 +227,11 @@ class ActorGroup(_Placing, _InPlace):
                 ranks = [i for i, m in enumerate(old.metadata) if m.node_id in lost]
                 logger.warning("host lost: %s (ranks %s); placing the group again without it", where, ranks)
             if self.min_workers == self.max_workers and not lost and not move:
-                replaced = self._replace_failed(old)
+                if runs_ended:
+                    logger.info("restart: every run ended after the failure; keeping all %d workers", len(old))
+                    replaced = []
+                else:
+                    replaced = self._replace_failed(old)
             else:
                 # Re-place: count what fits with our old reservation released (on the hosts
                 # that are still there), release it, place anew off the lost hosts.
@@ -373,6 +381,7 @@ class ActorGroup(_Placing, _InPlace):
             # The failing worker's run ended, the others' at their next report: the processes
             # stay (no new process, no framework import); the next run first sets the backend
             # up on them again, as a restart that keeps survivors does.
+            self._runs_ended = True
             return
         # A worker may be blocked in a collective its failed peer will never
         # join; only killing the processes stops it. Fresh actors start lazily.
