@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional
@@ -135,6 +136,16 @@ def _peer_error(exc: BaseException) -> Optional[XGBoostPeerError]:
                             f"worker stopped (its own error or death is the cause): {detail}")
 
 
+def _root_cause(exc: BaseException) -> str:
+    """The last of XGBoost's ``- [file:line|time]: reason`` lines (the innermost reason, without
+    the native stack trace that follows), else the first line of the message."""
+    text = str(exc)
+    reasons = [line.strip()[2:] for line in text.splitlines() if line.strip().startswith("- [")]
+    if not reasons:
+        return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    return re.sub(r"^\[[^\]]*\]:\s*", "", reasons[-1])
+
+
 def _set_comm_args(args: Optional[Dict[str, Any]]) -> None:
     global _comm_args
     with _lock:
@@ -157,8 +168,8 @@ def _xgboost_communicator() -> Iterator[None]:
     except Exception as exc:
         raise RuntimeError(
             f"worker rank {sgd.world_rank()} could not join XGBoost's tracker at "
-            f"{args.get('dmlc_tracker_uri')}:{args.get('dmlc_tracker_port')}: {exc}. Is the driver's node "
-            "reachable from this worker? Set XGBoostConfig(tracker_host=...) to an address it can reach."
+            f"{args.get('dmlc_tracker_uri')}:{args.get('dmlc_tracker_port')} ({_root_cause(exc)}). Is the driver's "
+            "node reachable from this worker? Set XGBoostConfig(tracker_host=...) to an address it can reach."
         ) from exc
     try:
         yield
@@ -212,12 +223,26 @@ def _start_tracker(n_workers: int, config: XGBoostConfig) -> Any:
 
 
 def _close_tracker(tracker: Any, wait_s: float) -> None:
-    """Wait (briefly) for a tracker whose run ended, then release it; never raises."""
+    """Wait (up to ``wait_s``) for a tracker whose run ended, then release it; never raises.
+
+    XGBoost's ``free`` waits for the tracker's thread, which waits for every worker to join and
+    leave, up to the tracker's own timeout (``XGBoostConfig.timeout_s``, 300 s). A tracker some
+    worker never joined (a run that failed before every training function started) would hold
+    the driver that long: one that did not end within ``wait_s`` is freed on a daemon thread."""
+    ended = False
     if wait_s > 0:
         try:
             tracker.wait_for(max(1, int(wait_s)))
+            ended = True
         except Exception as exc:  # the run failed, or a worker never said goodbye
             logger.debug("XGBoost's tracker did not end cleanly: %s", exc)
+    if ended:
+        _free_tracker(tracker)
+    else:
+        threading.Thread(target=_free_tracker, args=(tracker,), name="sgd-xgboost-free-tracker", daemon=True).start()
+
+
+def _free_tracker(tracker: Any) -> None:
     try:
         tracker.free()
     except Exception as exc:  # a tracker whose group failed complains when freed
