@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from sgd_testing.suite_cost import cgroup_cpu_reader
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -48,6 +50,11 @@ def test_reads_a_v1_or_v2_cgroup_counter(tmp_path):
     assert cgroup_cpu_reader(str(v1))() == 2.5
     assert cgroup_cpu_reader(str(v2))() == 1.5
     assert cgroup_cpu_reader(str(none)) is None and cgroup_cpu_reader(None) is None
+    (v2 / "cpu.stat").write_text("user_usec 1000000\nusage_usec 2000000\n")  # found wherever it is
+    assert cgroup_cpu_reader(str(v2))() == 2.0
+    (v2 / "cpu.stat").write_text("user_usec 1000000\n")
+    with pytest.raises(RuntimeError, match=r"cpu.stat has no usage_usec line"):
+        cgroup_cpu_reader(str(v2))()
 
 
 def test_the_report_sums_per_package_and_file_and_counts_waiting():

@@ -318,3 +318,19 @@ def test_the_fake_group_says_when_its_script_ran_out(tmp_path):
     run.next()
     with pytest.raises(AssertionError, match="script ran out"):
         run.next()
+
+
+def test_the_fake_group_says_when_a_checkpoint_has_no_folder_to_go_to():
+    """Stepped by hand rather than by the run controller: no request gave the run a checkpoint
+    folder, so a scripted checkpoint is a mistake in the test, named as such."""
+    from sgd.group.protocol import RunRequest
+
+    group = FakeGroup(1).save({"w": 1})
+    assert group.start() is None and group.worker_group is group
+    assert group.begin(RunRequest(train_func=lambda: None)) is None
+    with pytest.raises(AssertionError, match="the fake group's run has no checkpoint folder .* checkpoint_target"):
+        group.poll(1.0)
+    assert group.grow(2) is None
+    group.shutdown()
+    assert group.worker_group is None
+    assert [name for name, _ in group.calls] == ["start", "begin", "poll", "grow", "shutdown"]
