@@ -125,6 +125,9 @@ class Session(_DriverDisk):
         self._notice: Any = None
         self._notice_from: Optional[int] = None
         self._thread = threading.Thread(target=self._run, name="sgd-train", daemon=True)
+        # Set once the thread is started: the driver's watch (another of the actor's threads) may
+        # join a session the start call made but has not started yet (a peer failed at once).
+        self._started = threading.Event()
         #: in-place recovery (:mod:`sgd.elastic`): the reset barrier and the keys of the items
         #: sent; ``reforms``: whether the run's backend can re-form the group in place.
         self.resets = ResetLink(self._cv, lambda kind, data: self._put(_Item(kind, data)), reforms)
@@ -133,6 +136,7 @@ class Session(_DriverDisk):
 
     def start(self) -> None:
         self._thread.start()
+        self._started.set()
 
     def _run(self) -> None:
         result, error = None, None
@@ -433,11 +437,16 @@ class Session(_DriverDisk):
         return self._finished
 
     def join(self) -> None:
+        """Wait for the training thread to start (the start call is on its way) and to end."""
+        self._started.wait()
         self._thread.join()
 
     def join_for(self, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` for the training thread to end; whether it did."""
-        self._thread.join(timeout_s)
+        """Wait up to ``timeout_s`` for the training thread to start and end; whether it did."""
+        deadline = time.monotonic() + timeout_s
+        if not self._started.wait(timeout_s):
+            return False
+        self._thread.join(max(0.0, deadline - time.monotonic()))
         return not self._thread.is_alive()
 
 

@@ -396,7 +396,12 @@ class ActorGroup(_Placing, _InPlace):
             return False
         if not self.backend.keeps_survivors(wg, self.backend_config):
             return False
-        return len(idle_survivors(wg, patience_s)) == len(wg.workers)
+        begun = time.monotonic()
+        ended = len(idle_survivors(wg, patience_s))
+        if ended < len(wg.workers):
+            logger.info("after the failed run, %d of %d workers ended their run within %.2fs; ending every worker "
+                        "process", ended, len(wg.workers), time.monotonic() - begun)
+        return ended == len(wg.workers)
 
     def stop(self, patience_s: float) -> bool:
         """Stop a running training function on every worker at its next report or checkpoint,

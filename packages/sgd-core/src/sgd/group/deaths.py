@@ -5,6 +5,7 @@ workers survived a death (alive, their run ended when asked to stop)."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from typing import Iterator, List, Optional
 
@@ -15,6 +16,8 @@ from sgd._common.waits import wait
 from sgd.errors import WorkerDiedError
 from sgd.group.rounds import short_error
 from sgd.worker_group import WorkerGroup
+
+logger = logging.getLogger("sgd")
 
 
 def idle_survivors(wg: WorkerGroup, patience_s: float, extend: bool = False) -> List[int]:
@@ -41,8 +44,8 @@ def idle_survivors(wg: WorkerGroup, patience_s: float, extend: bool = False) -> 
             try:
                 ray.get(ref)
                 alive.append(watches[ref])
-            except RayError:
-                pass
+            except RayError as exc:
+                logger.debug("worker %d is not kept: its watch failed: %s", watches[ref], short_error(exc))
         if ready and extend:
             deadline = time.monotonic() + patience_s
     for ref in ray.wait(stops, num_returns=len(stops), timeout=0)[0]:  # read: no "unhandled error" logs
