@@ -203,6 +203,15 @@ def test_doc_block(chain: List[Block], ray_cluster, tmp_path, monkeypatch) -> No
     import ray
 
     monkeypatch.setenv("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
+    # A Tune search pasted as a reader would writes into Ray's default storage (~/ray_results,
+    # computed when Ray is imported): into this test's folder instead. RunConfig reads the
+    # constant when it is made, tune.run's Experiment when its module was imported.
+    import ray.train.constants
+    import ray.tune.experiment.experiment
+
+    results = str(tmp_path / "ray_results")
+    monkeypatch.setattr(ray.train.constants, "DEFAULT_STORAGE_PATH", results)
+    monkeypatch.setattr(ray.tune.experiment.experiment, "DEFAULT_STORAGE_PATH", results)
     namespace: Dict[str, Any] = {"__name__": "__sgd_docs__"}
     registered = _plugin_names()
     from sgd.worker_group.keep import KEPT, keep_workers
