@@ -85,37 +85,16 @@ def _pids_around_a_failed_run(failing):
         trainer.shutdown()
 
 
-class _Records(logging.Handler):
-    """The messages of one logger, whatever its propagation or the root's handlers."""
-
-    def __init__(self, name):
-        super().__init__(logging.DEBUG)
-        self.logger, self.messages = logging.getLogger(name), []
-
-    def emit(self, record):
-        self.messages.append(record.getMessage())
-
-    def __enter__(self):
-        self.level = self.logger.level
-        self.logger.setLevel(logging.DEBUG)
-        self.logger.addHandler(self)
-        return self
-
-    def __exit__(self, *exc):
-        self.logger.removeHandler(self)
-        self.logger.setLevel(self.level)
-
-
-def test_workers_whose_runs_ended_after_a_failed_run_serve_the_next_run(keeping, monkeypatch):
+def test_workers_whose_runs_ended_after_a_failed_run_serve_the_next_run(keeping, monkeypatch, caplog):
     """An error in one rank stops the others at their next report: no process is ended, and the
     next run sets the backend up again in the same processes (without asking them again)."""
     from sgd.group import actors
 
     monkeypatch.setattr(actors, "FAILED_RUN_PATIENCE_S", 60.0)  # what happens, not how fast
-    with _Records("sgd") as logged:
-        before, after = _pids_around_a_failed_run(_fails_on_rank_0)
-    assert after == before, logged.messages
-    assert "restart: every run ended after the failure; keeping all 2 workers" in logged.messages
+    caplog.set_level(logging.DEBUG, logger="sgd")  # sgd's modules log to the "sgd" logger
+    before, after = _pids_around_a_failed_run(_fails_on_rank_0)
+    assert after == before, caplog.messages
+    assert "restart: every run ended after the failure; keeping all 2 workers" in caplog.messages
     assert sgd.kept_workers() == 2
 
 

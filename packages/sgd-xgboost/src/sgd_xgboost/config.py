@@ -212,13 +212,13 @@ def _start_tracker(n_workers: int, config: XGBoostConfig) -> Any:
                                timeout=config.timeout_s)
         tracker.start()
     except Exception as exc:
-        first = next((line.strip("- ") for line in str(exc).splitlines() if "system error" in line), str(exc))
+        reason = _root_cause(exc)
         if config.tracker_port:
             raise RuntimeError(
-                f"cannot start XGBoost's tracker on {host}:{config.tracker_port} ({first}). Is the port in use? "
+                f"cannot start XGBoost's tracker on {host}:{config.tracker_port} ({reason}). Is the port in use? "
                 "Pass XGBoostConfig(tracker_port=0) to let the system pick a free one."
             ) from exc
-        raise RuntimeError(f"cannot start XGBoost's tracker on {host}: {first}") from exc
+        raise RuntimeError(f"cannot start XGBoost's tracker on {host}: {reason}") from exc
     return tracker
 
 
