@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import ray
 
 from sgd._common import run_hooks
+from sgd._worker import heap
 from sgd._common.protocol import CheckpointTarget
 from sgd._worker.rank_logs import RankLog, rank_log_path
 from sgd._worker.resets import Resume
@@ -160,6 +161,7 @@ class WorkerMixin:
         run_info = dict(run_info or {})
         STATE.sent_once.update({k: run_info[k] for k in SENT_ONCE if k in run_info})
         train_func, encode, checkpoint = _user_code(user_code, preloads)
+        heap.settle()  # once per process: what it imported leaves the collector's full passes
         previous = STATE.session
         if previous is not None and not previous.finished:
             raise RuntimeError("a training function is still running on this worker")
