@@ -14,8 +14,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import ray
 
 from sgd._common import run_hooks
-from sgd._worker import heap
 from sgd._common.protocol import CheckpointTarget
+from sgd._worker import heap
 from sgd._worker.rank_logs import RankLog, rank_log_path
 from sgd._worker.resets import Resume
 from sgd._worker.session import STATE, Session, WorkerContext
