@@ -68,3 +68,45 @@ def test_a_log_on_a_full_disk_never_blocks_the_worker(capfd):
     out, _ = capfd.readouterr()
     assert "[rank 3] sgd: cannot write /dev/full any more" in out and "No space left on device" in out
     assert out.count("[rank 3] " + "x" * 1023) == 1024
+
+
+def _silent():
+    import threading
+
+    sgd.report(x=1)
+    return [t.name for t in threading.enumerate()].count("sgd-rank-log")
+
+
+def test_a_run_that_prints_nothing_leaves_no_log_and_the_tee_is_made_once_per_process(base_trainer):
+    readers = [base_trainer.run(_silent) for _ in range(3)]
+    assert readers == [[1, 1]] * 3  # one reader thread per worker process, kept across runs
+    assert not (base_trainer.latest_run_dir / "logs").exists()
+    base_trainer.run(_talks, config={})  # the next run that prints has its own log, header first
+    text = (base_trainer.latest_run_dir / "logs" / "rank_0.log").read_text()
+    assert text.startswith("=== rank 0: pid ") and text.count("=== rank 0") == 1
+
+
+def test_runs_in_one_process_each_get_their_own_output_up_to_the_last_byte(tmp_path, capfd):
+    """In this process, without Ray: a run's last bytes (no newline, written at the level of
+    descriptors just before it ends, more than a pipe holds) are in its log when ``close``
+    returns, and the next run's log has none of them."""
+    from sgd._worker.rank_logs import RankLog
+
+    first = RankLog(0, str(tmp_path / "a" / "rank_0.log"))
+    big = b"y" * (200 * 1024)
+    os.write(1, b"one\n" + big)
+    first.close()
+    second = RankLog(0, str(tmp_path / "b" / "rank_0.log"))
+    os.write(2, b"two\n")
+    second.close()
+    os.write(1, b"between runs\n")  # to the console only
+    silent = RankLog(0, str(tmp_path / "c" / "rank_0.log"))
+    silent.close()
+    a = (tmp_path / "a" / "rank_0.log").read_bytes()
+    b = (tmp_path / "b" / "rank_0.log").read_bytes()
+    assert a.startswith(b"=== rank 0: pid ") and a.endswith(b"one\n" + big + b"\n") and b"two" not in a
+    assert b.startswith(b"=== rank 0: pid ") and b.endswith(b"two\n") and b"one" not in b
+    assert not (tmp_path / "c").exists()
+    out, _ = capfd.readouterr()
+    assert "[rank 0] one\n" in out and "[rank 0] two\n" in out and "between runs\n" in out
+    assert "[rank 0] between runs" not in out

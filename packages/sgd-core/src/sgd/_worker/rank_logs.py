@@ -4,17 +4,22 @@ While a run's training function runs, a worker's file descriptors 1 and 2 point 
 thread reads it and writes every line twice: to where the descriptor pointed before (Ray's log
 file for the worker, which Ray forwards to the driver's console), prefixed ``[rank N]``; and to
 the rank's log file. At the level of file descriptors, so ``print``, ``logging`` handlers made
-before the run, C extensions (gloo, NCCL) and subprocesses are all caught.
+before the run, C extensions (gloo, NCCL) and subprocesses are all caught. The pipe and its
+thread are made once per process and kept across runs (:class:`_Tee`); a run only points the
+descriptors at it and back.
 
-A worker on the driver's host appends to the file itself. A worker on a host with a disk of its
-own hands what it wrote to its session (``sink``), which sends it to the driver with its poll
-replies (a ``LOG`` item: no call of its own), at least every half second or 64 KB, and what is
-left with the reply that ends the run; the driver appends it (:func:`append_rank_log`).
+A log begins with a header line (rank, pid, host, when the run began), written with the run's
+first output: a run that printed nothing has no file. A worker on the driver's host appends to
+the file itself. A worker on a host with a disk of its own hands what it wrote to its session
+(``sink``), which sends it to the driver with its poll replies (a ``LOG`` item: no call of its
+own), at least every half second or 64 KB, and what is left with the reply that ends the run;
+the driver appends it (:meth:`RankLogFiles.append`).
 """
 
 from __future__ import annotations
 
 import os
+import select
 import socket
 import threading
 import time
@@ -71,8 +76,116 @@ class PendingOutput:
         return data
 
 
+class _Tee:
+    """Descriptors 1 and 2 of this process, while a run is attached, into one pipe that one
+    thread reads. Made at the process's first run and kept for the next ones: a run costs four
+    ``dup2`` calls, not a pipe, a thread and a join (issue 35: the workers' per-run setup).
+
+    The reader takes what the pipe holds only under the lock, so :meth:`detach` (descriptors
+    put back, then under the lock the pipe drained) knows that every byte the run wrote is in
+    its log when it returns, without waiting for the reader thread."""
+
+    def __init__(self) -> None:
+        self._read_fd, self._write_fd = os.pipe()
+        os.set_blocking(self._read_fd, False)
+        self._console = {fd: os.dup(fd) for fd in (1, 2)}  # where 1 and 2 point between runs
+        self._lock = threading.Lock()
+        self._log: Optional[RankLog] = None
+        self._rest = b""  # a line not yet ended
+        self._reader = threading.Thread(target=self._read, name="sgd-rank-log", daemon=True)
+        self._reader.start()
+
+    def attach(self, log: RankLog) -> None:
+        _flush_streams()
+        with self._lock:
+            if self._log is not None:
+                raise RuntimeError("a rank log is already attached in this process")
+            for fd, saved in self._console.items():
+                os.dup2(fd, saved)  # 1 and 2 as they are now (a test's capture may have moved them)
+            self._log = log
+        for fd in (1, 2):
+            os.dup2(self._write_fd, fd)
+
+    def detach(self, log: RankLog) -> None:
+        """Put 1 and 2 back and hand everything the run wrote to ``log``."""
+        _flush_streams()
+        with self._lock:
+            if self._log is not log:
+                return
+            for fd, saved in self._console.items():
+                os.dup2(saved, fd)
+            self._drain()
+            if self._rest:
+                rest, self._rest = self._rest, b""
+                self._console_write(log.prefix + rest + b"\n")
+                log.write(rest + b"\n")
+            self._log = None
+
+    def _read(self) -> None:
+        while True:
+            try:
+                select.select([self._read_fd], [], [])
+            except (OSError, ValueError):
+                return
+            with self._lock:
+                self._drain()
+
+    def _drain(self) -> None:
+        """What the pipe holds, to the attached log and the console (the lock held)."""
+        while True:
+            try:
+                chunk = os.read(self._read_fd, 65536)
+            except BlockingIOError:
+                return
+            except OSError:
+                return
+            if not chunk:
+                return
+            lines = (self._rest + chunk).split(b"\n")
+            self._rest = lines.pop()
+            if not lines:
+                continue
+            log = self._log
+            if log is None:  # after a run: a subprocess it left behind
+                self._console_write(b"".join(line + b"\n" for line in lines))
+                continue
+            self._console_write(b"".join(log.prefix + line + b"\n" for line in lines))
+            log.write(b"".join(line + b"\n" for line in lines))
+
+    def _console_write(self, data: bytes) -> None:
+        try:
+            os.write(self._console[1], data)
+        except OSError:
+            pass
+
+
+def _flush_streams() -> None:
+    import sys
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+
+
+_TEE: Optional[_Tee] = None
+_TEE_LOCK = threading.Lock()
+
+
+def _tee() -> _Tee:
+    global _TEE
+    with _TEE_LOCK:
+        if _TEE is None:
+            _TEE = _Tee()
+        return _TEE
+
+
 class RankLog:
-    """The tee of one run on one worker: :meth:`close` puts the descriptors back.
+    """The tee of one run on one worker, from its making to :meth:`close` (which puts the
+    descriptors back). The file (or the first item for the sink) begins with a header line
+    (rank, pid, host, when the run began), written with the run's first output: a run that
+    printed nothing leaves no file and sends the driver nothing.
 
     :param sink: for a worker on another host than the driver's: called with each chunk of
         output instead of writing ``path`` (the session sends it to the driver).
@@ -82,89 +195,54 @@ class RankLog:
         self._rank = rank
         self._path = path
         self._sink = sink
-        self._prefix = f"[rank {rank}] ".encode()
+        self.prefix = f"[rank {rank}] ".encode()
         self._file: Optional[Any] = None
-        if sink is None:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            self._file = open(path, "ab", buffering=0)
-        self._saved = {fd: os.dup(fd) for fd in (1, 2)}
-        self._read_fd, write_fd = os.pipe()
-        import sys
+        self._began = time.time()
+        self._written = False  # the header is out
+        self._broken = False  # the file could not be written: console only
+        self._closed = False
+        self._tee = _tee()
+        self._tee.attach(self)
 
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
-        for fd in (1, 2):
-            os.dup2(write_fd, fd)
-        os.close(write_fd)
-        self._reader = threading.Thread(target=self._read, name="sgd-rank-log", daemon=True)
-        self._reader.start()
-        self._log(f"=== rank {rank}: pid {os.getpid()} on {socket.gethostname()}, "
-                  f"{time.strftime('%Y-%m-%d %H:%M:%S')} ===\n".encode())
-
-    def _read(self) -> None:
-        rest = b""
-        while True:
-            try:
-                chunk = os.read(self._read_fd, 65536)
-            except OSError:
-                chunk = b""
-            if not chunk:
-                break
-            lines = (rest + chunk).split(b"\n")
-            rest = lines.pop()
-            if lines:
-                text = b"".join(line + b"\n" for line in lines)
-                self._console(b"".join(self._prefix + line + b"\n" for line in lines))
-                self._log(text)
-        if rest:
-            self._console(self._prefix + rest + b"\n")
-            self._log(rest + b"\n")
-
-    def _console(self, data: bytes) -> None:
-        try:
-            os.write(self._saved[1], data)
-        except OSError:
-            pass
-
-    def _log(self, data: bytes) -> None:
+    def write(self, data: bytes) -> None:
+        """Append ``data`` to the log (the tee's lock held, or the run's thread at its end)."""
+        if not self._written:
+            self._written = True
+            data = (f"=== rank {self._rank}: pid {os.getpid()} on {socket.gethostname()}, "
+                    f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(self._began))} ===\n").encode() + data
         if self._sink is not None:
             self._sink(data)
             return
-        if self._file is None:
+        if self._broken:
             return
         try:
+            if self._file is None:
+                os.makedirs(os.path.dirname(self._path), exist_ok=True)
+                self._file = open(self._path, "ab", buffering=0)
             self._file.write(data)
         except OSError as e:  # a full disk must not stop the reader: the pipe would fill and block the worker
+            self._broken = True
             file, self._file = self._file, None
-            try:
-                file.close()
-            except OSError:
-                pass
-            self._console(self._prefix + f"sgd: cannot write {self._path} any more ({e}); "
-                          "this rank's output goes to the console only\n".encode(errors="replace"))
+            if file is not None:
+                try:
+                    file.close()
+                except OSError:
+                    pass
+            self._tee._console_write(self.prefix + f"sgd: cannot write {self._path} any more ({e}); "
+                                     "this rank's output goes to the console only\n".encode(errors="replace"))
 
     def note(self, text: str) -> None:
         """Add ``text`` to the log only (the driver shows it on the console already)."""
-        self._log(text.encode(errors="replace") + (b"" if text.endswith("\n") else b"\n"))
+        data = text.encode(errors="replace") + (b"" if text.endswith("\n") else b"\n")
+        with self._tee._lock:
+            self.write(data)
 
     def close(self) -> None:
         """Put descriptors 1 and 2 back; write (or hand to the sink) what is left."""
-        import sys
-
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
-        for fd, saved in self._saved.items():
-            os.dup2(saved, fd)  # the pipe's last writer is gone: the reader sees its end
-        self._reader.join(timeout=5)
-        os.close(self._read_fd)
-        for saved in self._saved.values():
-            os.close(saved)
+        if self._closed:
+            return
+        self._closed = True
+        self._tee.detach(self)
         if self._file is not None:
             try:
                 self._file.close()

@@ -106,6 +106,9 @@ class Session(_DriverDisk):
 
         self._cv = threading.Condition()
         self._items: Deque[_Item] = deque()
+        # Polls waiting for an item: a report wakes only those (a poll that lingers for the run's
+        # end is woken by the end, not by each of the reports made meanwhile).
+        self._polls_waiting = 0
         self._delivered_checkpoints: List[_Item] = []
         self._finished = False
         self._result: Any = None
@@ -261,7 +264,8 @@ class Session(_DriverDisk):
             while len(self._items) >= self._max_pending:
                 self._wait()
             self._items.append(item)
-            self._cv.notify_all()
+            if self._polls_waiting:  # nobody else waits for an item: a lingering poll waits for the end
+                self._cv.notify_all()
 
     def report(self, metrics: Dict[str, Any], checkpoint: Any = None) -> None:
         if self._notice is not None and self._notice_from is None:
@@ -395,7 +399,11 @@ class Session(_DriverDisk):
                     break
                 if due is not None:
                     left = due if left is None else min(left, due)
-                self._cv.wait(left)
+                self._polls_waiting += 1
+                try:
+                    self._cv.wait(left)
+                finally:
+                    self._polls_waiting -= 1
             if linger_s and self._items and not self._finished:
                 until = time.monotonic() + linger_s
                 while not self._finished and (left := until - time.monotonic()) > 0:
@@ -429,7 +437,9 @@ class Session(_DriverDisk):
         travels with the next poll reply, which comes at the latest :data:`FLUSH_S` seconds
         (or :data:`FLUSH_BYTES`) later, with the run's last reply for what is left at its end."""
         with self._cv:
-            if self._output.add(data):
+            first = self._output.due_in(time.monotonic()) is None
+            # A waiting poll learns when this output is due (it came first) or that it is due now.
+            if self._output.add(data) or first:
                 self._cv.notify_all()
 
     @property
