@@ -149,6 +149,30 @@ class CheckpointTarget:
 
 
 @dataclass
+class StartRequest:
+    """What a run's start call tells a worker besides its dataset shard and the run information:
+    the same for every worker with as many preloads pending (``sgd.group.starts`` pickles each
+    form once and every call carries the bytes).
+
+    :ivar user_code: ``(train_func, encode, checkpoint)``, or its pickle (bytes) while
+        ``preloads`` preloads are pending on the worker (unpickled once they finished).
+    :ivar first_poll: answer the run's first poll with the start call too: up to that many items,
+        what the run made within ``first_wait_s``, and its end if it comes within
+        ``first_linger_s`` after them (``0``: the call returns ``None`` once the run started).
+    """
+
+    user_code: Any
+    preloads: int = 0
+    max_pending: int = 1024
+    start_iteration: int = 0
+    checkpoint_target: Optional[CheckpointTarget] = None
+    reforms: bool = False  # the backend can re-form the group in place (sgd.elastic)
+    first_poll: int = 0
+    first_wait_s: float = 0.0
+    first_linger_s: float = 0.0
+
+
+@dataclass
 class Round:
     """One decoded round: every worker's item at the same position.
 
@@ -160,7 +184,8 @@ class Round:
         with its report (``None`` where it passed none).
     :ivar lines: for a report round, each report's ``results.jsonl`` text (``None`` where
         the worker sent none: :meth:`json_line` encodes those on the driver).
-    :ivar details: for a report round, each report's detailed autofilled values.
+    :ivar details: for a report round, each report's detailed autofilled values as they travelled
+        (only with a checkpoint; ``None`` where they are read back from the report's line).
     """
 
     kind: str
@@ -178,15 +203,25 @@ class Round:
             for line, r, d in zip(self.lines, self.results, self.details)
         ) + "]"
 
+    def detail(self, index: int) -> Optional[Dict[str, Any]]:
+        """Worker ``index``'s detailed autofilled values: as they travelled, or read back from its
+        ``results.jsonl`` text (which holds them: JSON keeps these values exactly)."""
+        detail = self.details[index] if index < len(self.details) else None
+        if detail is None and index < len(self.lines) and self.lines[index] is not None:
+            row = json.loads(self.lines[index])  # type: ignore[arg-type]
+            detail = {k: row[k] for k in DETAILED_AUTOFILLED_KEYS if k in row} or None
+        return detail
+
     def add_details(self) -> None:
         """Put the detailed autofilled values into :attr:`results` (when they are asked for)."""
-        for result, detail in zip(self.results, self.details):
+        for i, result in enumerate(self.results):
+            detail = self.detail(i)
             if detail:
                 result.update(detail)
 
     def full_result(self, index: int) -> Dict[str, Any]:
         """Worker ``index``'s result with its detailed values, whatever the switch says."""
-        detail = self.details[index] if self.details else None
+        detail = self.detail(index)
         return {**self.results[index], **detail} if detail else self.results[index]
 
     @property

@@ -14,7 +14,6 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import ray
 
 from sgd._common import run_hooks
-from sgd._common.protocol import CheckpointTarget
 from sgd._worker import heap
 from sgd._worker.rank_logs import RankLog, rank_log_path
 from sgd._worker.resets import Resume
@@ -134,33 +133,27 @@ class WorkerMixin:
 
     def _sgd_start_training(
         self,
-        user_code: Any,
-        dataset_shard: Any,
-        max_pending: int,
-        start_iteration: int = 0,
-        checkpoint_target: Optional[CheckpointTarget] = None,
+        request: Any,
+        dataset_shard: Any = None,
         run_info: Optional[Dict[str, Any]] = None,
-        preloads: int = 0,
-        reforms: bool = False,
         join: Optional[Resume] = None,
         snapshot: Any = None,
-        first_poll: int = 0,
-        first_wait_s: float = 0.0,
-        first_linger_s: float = 0.0,
     ) -> Any:
-        """Start a run: ``user_code`` is ``(train_func, encode, checkpoint)``,
-        pickled (bytes) while preloads are pending on this worker.
+        """Start a run: ``request`` is a :class:`~sgd._common.protocol.StartRequest`, pickled
+        (bytes) as the driver sends it to many workers at once.
 
-        ``reforms``: the backend can re-form the group in place (:mod:`sgd.elastic`); ``join``
-        (with the root's ``snapshot``): this worker joins a run that re-formed its group.
-        ``first_poll``: answer the run's first poll too: up to that many items, what the run made
-        within ``first_wait_s`` seconds, and its end if it comes within ``first_linger_s`` after
-        them (``0``: return ``None`` once started)."""
+        ``join`` (with the root's ``snapshot``): this worker joins a run that re-formed its group
+        in place (:mod:`sgd.elastic`). Returns the run's first poll reply when the request asks
+        for one (``first_poll``), else ``None`` once the run started."""
+        if isinstance(request, bytes):
+            import ray.cloudpickle as cloudpickle
+
+            request = cloudpickle.loads(request)  # sgd's own dataclass: the user's code stays bytes while preloads run
         # What the driver sends a worker once (its node, its file server), kept for later runs:
         # taken before anything here can fail (the driver counts it as sent).
         run_info = dict(run_info or {})
         STATE.sent_once.update({k: run_info[k] for k in SENT_ONCE if k in run_info})
-        train_func, encode, checkpoint = _user_code(user_code, preloads)
+        train_func, encode, checkpoint = _user_code(request.user_code, request.preloads)
         heap.settle()  # once per process: what it imported leaves the collector's full passes
         previous = STATE.session
         if previous is not None and not previous.finished:
@@ -170,16 +163,16 @@ class WorkerMixin:
             run_info.update(STATE.sent_once)
             STATE.context = dataclasses.replace(STATE.context, **run_info)  # type: ignore[arg-type]
         session = Session(
-            train_func, STATE.context, encode, checkpoint, dataset_shard, max_pending, start_iteration,
-            checkpoint_target, reforms,
+            train_func, STATE.context, encode, checkpoint, dataset_shard, request.max_pending,
+            request.start_iteration, request.checkpoint_target, request.reforms,
         )
         if join is not None:
             session.resets.joined = (join, snapshot)
         STATE.session = session
         session.rank_log = _rank_log(session)
         session.start()
-        if first_poll:
-            return session.poll(first_poll, timeout_s=first_wait_s, linger_s=first_linger_s)
+        if request.first_poll:
+            return session.poll(request.first_poll, timeout_s=request.first_wait_s, linger_s=request.first_linger_s)
         return None
 
     @ray.method(concurrency_group=CONTROL_GROUP)

@@ -32,6 +32,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 from sgd._common.protocol import (
     CHECKPOINT,
     CHECKPOINT_KEY,
+    DETAIL_KEY,
     LINE_KEY,
     LOG,
     NOTE,
@@ -422,9 +423,13 @@ class Session(_DriverDisk):
         # Each report's results.jsonl text is encoded here, in the worker (outside the lock, so
         # the training thread goes on reporting), so that the driver's work per round does not
         # grow with the values every worker reports (issue 20).
+        # The detailed values are in that text; they travel on their own only with a checkpoint
+        # (the manager files them with it): the driver reads them back from the text when asked.
         for kind, data in batch:
             if kind == REPORT and LINE_KEY not in data:
                 data[LINE_KEY] = encode_line(data)
+                if CHECKPOINT_KEY not in data:
+                    data.pop(DETAIL_KEY, None)
         if finished and self._notes is not None:
             batch = batch + [(NOTE, self._notes)]
         if log is not None:

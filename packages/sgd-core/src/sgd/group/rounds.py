@@ -21,7 +21,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections import deque
+from collections import Counter, deque
+from operator import itemgetter
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import ray
@@ -169,8 +170,7 @@ class RoundCollector(ResetBarrier):
                     continue
             if all(self._pending):
                 items = [p.popleft() for p in self._pending]
-                kinds = {k for k, _ in items}
-                if len(kinds) > 1 and self._error is None:
+                if self._error is None and len(set(map(itemgetter(0), items))) > 1:
                     self._mismatch_kinds(items)
                 return decode_round(items[0][0], [d for _, d in items])
             if self._error is not None:
@@ -243,11 +243,13 @@ class RoundCollector(ResetBarrier):
                 self._take_log(batch.pop()[1])
             if batch and batch[-1][0] == NOTE:
                 self.notes[i] = batch.pop()[1]
-            if any(kind == ELASTIC for kind, _ in batch):
+            kinds = Counter(map(itemgetter(0), batch))  # one pass in C over every item
+            if ELASTIC in kinds:
                 for kind, data in batch:
                     if kind == ELASTIC:
                         self._take_elastic(i, data)
                 batch = [item for item in batch if item[0] != ELASTIC]
+                del kinds[ELASTIC]
             if batch or finished or error is not None:
                 self.last_progress = time.monotonic()
             if error is not None:
@@ -260,8 +262,8 @@ class RoundCollector(ResetBarrier):
                     # closed"; one of those can reach the driver first.
                     self._error = error
             counts = self._kind_counts[i]
-            for kind, _ in batch:
-                counts[kind] = counts.get(kind, 0) + 1
+            for kind, n in kinds.items():
+                counts[kind] = counts.get(kind, 0) + n
             self._pending[i].extend(batch)
             if finished:
                 self._done[i] = True

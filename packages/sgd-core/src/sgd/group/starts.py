@@ -1,14 +1,18 @@
 """How a run reaches each worker: one start call per worker, which also answers the run's first
 poll.
 
-The call carries the run's code (the function, the backend's encoders, the checkpoint), the
-worker's dataset shard and the run information; what is the same for every run of the group
-(the driver's node, its file server: ``SENT_ONCE``) only until the worker has it. From
-:data:`PUT_CODE_FROM` workers on the code is put in the object store once and every call holds a
-reference. After starting the training thread the worker waits up to :data:`FIRST_REPLY_S` for
-the run's first items, then up to :data:`FIRST_LINGER_S` for its end, and answers with them as a
-poll reply (:meth:`sgd.group.rounds.RoundCollector` takes it in as one): a short run costs one
-call per worker.
+The call carries a :class:`~sgd._common.protocol.StartRequest` (the function, the backend's
+encoders, the checkpoint, the run's settings), the worker's dataset shard and the run
+information; what is the same for every run of the group (the driver's node, its file server:
+``SENT_ONCE``) only until the worker has it. The request is pickled once per form (one form for
+every worker with as many preloads pending, most often all of them) and every call carries the
+bytes: a call with three arguments costs the driver far less than one with thirteen (Ray
+serialises and checks each argument on its own). A request whose pickle is large (a resumed
+run's checkpoint, a function that holds data) is put in the object store once instead and every
+call holds a reference. After starting the training thread the worker waits up to
+:data:`FIRST_REPLY_S` for the run's first items, then up to :data:`FIRST_LINGER_S` for its end,
+and answers with them as a poll reply (:meth:`sgd.group.rounds.RoundCollector` takes it in as
+one): a short run costs one call per worker.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Any, Dict, List, Optional, Tuple, Type
 
 import ray
 
+from sgd._common.protocol import StartRequest
 from sgd._worker.actor import SENT_ONCE
 from sgd.backend import Backend
 from sgd.group.protocol import RunRequest
@@ -29,12 +34,12 @@ from sgd.worker_group import WorkerGroup
 #: (``0``: the start call answers nothing; every item comes with a poll).
 FIRST_REPLY_S = 0.05
 #: Once those items are there, how much longer it waits for the run's end (a short run's end then
-#: comes with them: no poll at all), seconds.
-FIRST_LINGER_S = 0.005
-#: From this many workers on, a run's code and checkpoint are put in the object store once and
-#: sent by reference (below it, inline in each call is cheaper).
-PUT_CODE_FROM = 4
-#: A run's code pickled smaller than this (bytes) is sent in every start call all the same.
+#: comes with them: no poll at all), seconds. A run's first items reach the driver at most this
+#: much later; at N = 32 on two cores, 200 reports take a worker 30-110 ms, and 5 ms here cost a
+#: poll or more per worker and 8 % of the rounds per second (issue 35).
+FIRST_LINGER_S = 0.05
+#: A start request pickled larger than this (bytes) is put in the object store once and sent by
+#: reference (from two workers on); a smaller one travels in every start call.
 INLINE_CODE_BYTES = 64 * 1024
 
 
@@ -59,25 +64,22 @@ def start_calls(wg: WorkerGroup, ranks: List[int], request: RunRequest, backend_
     # which unpickles it once the preload finished (issue 18). The encoders run on the
     # workers: no backend instance state travels.
     user_code = (request.train_func, backend_cls.encode_data, request.checkpoint)
-    # From PUT_CODE_FROM workers on, sent once rather than once per worker: each form (the
-    # code, or its pickle for workers with a preload pending) is put in the object store once
-    # and every worker gets a reference (a resumed run's checkpoint is serialised once). A
-    # pickle smaller than INLINE_CODE_BYTES travels in each call instead: fetching an object
-    # from another node's store costs every worker more than the bytes in its call.
     first_poll = POLL_BATCH if FIRST_REPLY_S > 0 else 0
-    refs: List[Any] = []
+    forms: Dict[int, Any] = {}  # preloads pending -> what the calls carry
     pickled: Optional[bytes] = None
-    put: Dict[bool, Any] = {}
     once = tuple(run_info.get(k) for k in SENT_ONCE)
     short = {k: v for k, v in run_info.items() if k not in SENT_ONCE}
+    refs: List[Any] = []
     for rank in ranks:
         code, preloads = wg.user_code_for(rank, user_code, pickled)
         if preloads:
             pickled = code
-        if len(ranks) >= PUT_CODE_FROM and not (preloads and len(code) < INLINE_CODE_BYTES):
-            if bool(preloads) not in put:
-                put[bool(preloads)] = ray.put(code)
-            code = put[bool(preloads)]
+        form = forms.get(preloads)
+        if form is None:
+            form = forms[preloads] = _request_form(
+                StartRequest(code, preloads, args.max_pending, args.start_iteration, request.checkpoint_target,
+                             args.reforms, first_poll, FIRST_REPLY_S, FIRST_LINGER_S),
+                len(ranks))
         worker = wg.workers[rank]
         told = sent_once.get(worker._actor_id)
         if told is not None and all(a is b or a == b for a, b in zip(told, once)):
@@ -85,8 +87,21 @@ def start_calls(wg: WorkerGroup, ranks: List[int], request: RunRequest, backend_
         else:
             info = run_info
             sent_once[worker._actor_id] = once
-        refs.append(worker._sgd_start_training.remote(
-            code, args.shards[rank], args.max_pending, args.start_iteration, request.checkpoint_target,
-            info, preloads, args.reforms, args.join, args.snapshot, first_poll, FIRST_REPLY_S, FIRST_LINGER_S,
-        ))
+        if args.join is None:
+            refs.append(worker._sgd_start_training.remote(form, args.shards[rank], info))
+        else:
+            refs.append(worker._sgd_start_training.remote(form, args.shards[rank], info, args.join, args.snapshot))
     return refs
+
+
+def _request_form(start: StartRequest, workers: int) -> Any:
+    """What the start calls carry for ``start``: its pickle, or (large, for several workers) the
+    reference of that pickle in the object store."""
+    import ray.cloudpickle as cloudpickle
+
+    if workers > 1 and not start.preloads and start.user_code[2] is not None:
+        return ray.put(start)  # a checkpoint: Ray's serialiser keeps its arrays out of band, with no copy
+    blob = cloudpickle.dumps(start)
+    if workers > 1 and len(blob) > INLINE_CODE_BYTES:
+        return ray.put(blob)
+    return blob
