@@ -7,11 +7,12 @@ items into a :class:`Round`: what the rest of the driver sees.
 
 Item kinds:
 
-- ``REPORT``: a metrics dict (``sgd.report``). It may carry the checkpoint passed with it
-  under :data:`CHECKPOINT_KEY` (``sgd.report(m, checkpoint=c)``), carries the detailed
-  autofilled values as one dict under :data:`DETAIL_KEY`, and, once polled, its
-  ``results.jsonl`` text under :data:`LINE_KEY` (encoded by the worker: the driver writes a
-  round by joining N strings, with no per-value work). Decoding takes the three out.
+- ``REPORT``: a metrics dict (``sgd.report``). Once polled, it carries its ``results.jsonl``
+  text under :data:`LINE_KEY` (encoded by the worker's poll, in a loop over the batch: the
+  driver writes a round by joining N strings, with no per-value work). A report that carries the checkpoint passed with it under
+  :data:`CHECKPOINT_KEY` (``sgd.report(m, checkpoint=c)``) also carries the detailed autofilled
+  values as one dict under :data:`DETAIL_KEY`; any other leaves them in its text only (the
+  driver reads them back from it when asked: :meth:`Round.detail`). Decoding takes the three out.
 - ``CHECKPOINT``: ``sgd.save_checkpoint``. Rank 0 sends the :class:`WrittenCheckpoint` it wrote
   its state into; other ranks send ``None`` so the driver can check that every rank took part.
 - ``NOTE``: what the backend's run-end hooks said on the worker (:func:`sgd.backend.on_worker_run_end`),
@@ -46,8 +47,8 @@ CHECKPOINT_KEY = "_sgd_checkpoint"
 #: them to callbacks and iterators only while :func:`detailed_metrics_enabled` is true.
 DETAILED_AUTOFILLED_KEYS = ("_date", "_time_total_s", "_pid", "_hostname", "_node_ip")
 
-#: Key of a report on the wire that holds :data:`DETAILED_AUTOFILLED_KEYS` as one dict (so that
-#: leaving them out costs the driver one ``pop`` per report, not five).
+#: Key of a report that holds :data:`DETAILED_AUTOFILLED_KEYS` as one dict (so that leaving them
+#: out costs one ``pop`` per report, not five); on the wire only with a checkpoint.
 DETAIL_KEY = "_sgd_detail"
 
 #: Key of a polled report that holds its ``results.jsonl`` text (see :func:`encode_line`).
