@@ -392,18 +392,42 @@ def _checkpoint_and_rank():
     return sgd.load_checkpoint()["w"], sgd.world_rank()
 
 
-def test_a_group_of_many_gets_the_code_and_checkpoint_through_one_copy(ray_cluster):
-    """From PUT_CODE_FROM workers on, the run's code and checkpoint travel by reference (put in
-    the object store once): every worker still runs the run's own function with its checkpoint."""
-    from sgd.group.starts import PUT_CODE_FROM
+def _holds_data(blob):
+    def train():
+        return len(blob), sgd.world_rank()
 
-    n = max(6, PUT_CODE_FROM)
+    return train
+
+
+def test_a_large_start_request_is_put_once_and_a_small_one_travels_in_each_call(ray_cluster, monkeypatch):
+    """A run's start request (its function, the backend's encoders, the checkpoint, the run's
+    settings) is pickled once per run. Small, it travels in every start call; with a checkpoint,
+    or larger than ``INLINE_CODE_BYTES`` (a function that holds data), it is put in the object
+    store once and every call holds a reference. Every worker runs the run's own function with
+    the run's own checkpoint either way."""
+    import ray
+
+    from sgd.group.starts import INLINE_CODE_BYTES
+
+    puts = []
+    real_put = ray.put
+    monkeypatch.setattr(ray, "put", lambda value, **kw: puts.append(type(value).__name__) or real_put(value, **kw))
+    n = 4
     # A quarter of a CPU each: the module's shared trainer (base_trainer) may hold 2 of the
     # cluster's 4 CPUs while this test runs.
     trainer = sgd.Trainer(backend="base", num_workers=n, resources_per_worker={"CPU": 0.25})
     trainer.start()
     try:
+        puts.clear()
         assert trainer.run(_checkpoint_and_rank, checkpoint={"w": 1}) == [(1, r) for r in range(n)]
         assert trainer.run(_checkpoint_and_rank, checkpoint={"w": 2}) == [(2, r) for r in range(n)]
+        assert puts == ["StartRequest", "StartRequest"]  # once per run, not once per worker
+        puts.clear()
+        big = 2 * INLINE_CODE_BYTES
+        assert trainer.run(_holds_data(b"x" * big)) == [(big, r) for r in range(n)]
+        assert puts == ["bytes"]
+        puts.clear()
+        assert trainer.run(_holds_data(b"x" * 10)) == [(10, r) for r in range(n)]
+        assert puts == []  # small: in each call
     finally:
         trainer.shutdown()

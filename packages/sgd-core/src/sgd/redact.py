@@ -29,6 +29,17 @@ def _no_secret_keys(keys: tuple) -> bool:
     return not any(is_secret_key(k) for k in keys)
 
 
+def is_plain_row(keys: tuple) -> bool:
+    """Whether a dict with these keys needs nothing dropped: every key a string, none naming a
+    secret (asked once per key set: a report's keys repeat every round)."""
+    return _plain_keys(keys)
+
+
+@functools.lru_cache(maxsize=1024)
+def _plain_keys(keys: tuple) -> bool:
+    return all(type(k) is str for k in keys) and _no_secret_keys(keys)
+
+
 def is_secret_key(key: Any) -> bool:
     """Whether a dict key looks like it names a secret (``*api_key*``, ``*token*``, ...)."""
     return isinstance(key, str) and _secret_name(key)

@@ -20,7 +20,7 @@ def fresh_process(monkeypatch):
     gc.unfreeze()
 
 
-def test_the_first_run_freezes_what_the_process_holds_and_collects_its_garbage_first(fresh_process):
+def test_the_first_run_freezes_what_the_process_holds_and_collects_its_young_garbage_first(fresh_process):
     class Cycle:
         pass
 
@@ -33,7 +33,7 @@ def test_the_first_run_freezes_what_the_process_holds_and_collects_its_garbage_f
     kept = weakref.ref(alive)
     assert heap.settle() is True
     assert gc.get_freeze_count() > 1000  # the modules of this process, at least
-    assert gone() is None  # the garbage was collected first, not frozen
+    assert gone() is None  # the young garbage was collected first, not frozen
     assert kept() is alive and alive not in gc.get_objects()  # the live object is frozen
 
 

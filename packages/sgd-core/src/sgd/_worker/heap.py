@@ -2,12 +2,15 @@
 
 A worker imports its framework (torch alone leaves about 220,000 objects the collector tracks)
 and then runs many short runs whose reports allocate steadily. CPython's oldest-generation
-collection walks every tracked object, about 40 ms of CPU here, and since the workers of a group
+collection walks every tracked object, about 90 ms of CPU here, and since the workers of a group
 allocate in lock-step they reach it in the same round: at N = 32 on two cores a 200-round run took
 1.5 s instead of 0.15 s once every 20–40 runs (measured for issue 35, ``docs/scaling.md``).
-Before its first run starts, each worker process collects once and moves what survives (modules,
-the framework, the process group) into the permanent generation (:func:`gc.freeze`): later passes
-walk only what the runs made. Garbage cycles made later are collected as always.
+Before its first run starts, each worker process collects its young generations and moves what
+survives (modules, the framework, the process group) into the permanent generation
+(:func:`gc.freeze`): later passes walk only what the runs made. Garbage cycles made later are
+collected as always. The old generation is not collected first: that pass is itself the cost
+this avoids (every worker at once, on the first run), and what it would free after the imports
+is a few dozen objects (26 after importing torch, Ray and sgd).
 
 ``SGD_GC_FREEZE=0`` turns it off.
 """
@@ -23,8 +26,8 @@ _settled = False
 
 
 def settle() -> bool:
-    """Collect, then freeze the heap, once per process (before its first run); whether this call
-    did it. Off with ``SGD_GC_FREEZE=0``."""
+    """Collect the young generations, then freeze the heap, once per process (before its first
+    run); whether this call did it. Off with ``SGD_GC_FREEZE=0``."""
     global _settled
     if _settled or os.environ.get("SGD_GC_FREEZE", "1") == "0":
         return False
@@ -32,6 +35,6 @@ def settle() -> bool:
         if _settled:
             return False
         _settled = True
-        gc.collect()
+        gc.collect(1)
         gc.freeze()
         return True
