@@ -51,6 +51,9 @@ def test_runs_on_a_started_trainer_keep_its_file_server_and_send_one_start_call_
     trainer = _spread_trainer()
     trainer.start()
     try:
+        # Started with the group (its process comes up while the backend is set up), serving
+        # nothing until a run tells it of its folder.
+        assert len(servers_started) == 1 and servers_started[0][1:] == ([], [])
         first = trainer.run_iterator(_where)
         nodes = {r["node"] for r in next(first)}
         assert first.get_final_results(force=True) == [0, 1]

@@ -564,14 +564,17 @@ def _unseeded_weights(config):
 
 def test_a_run_after_a_clean_one_sends_the_workers_nothing_but_its_start(ray_cluster, actor_calls):
     """Each worker notes at a run's end that its process group is still there (a run-end
-    hook), so the next run starts without the backend's per-run call to every worker; each run
+    hook), and a trainer's first run follows the setup that made the groups, so neither needs
+    the backend's per-run call to every worker; each run
     still starts from a fresh process's torch state. A run that destroyed the group makes the
     next one check and build it again."""
     calls = actor_calls
     trainer = sgd.Trainer(backend="torch", num_workers=2)
     trainer.start()
     try:
-        first = trainer.run(_unseeded_weights)
+        calls.clear()
+        first = trainer.run(_unseeded_weights)  # the group start() made: nothing to ask either
+        assert calls["_sgd_execute"] == 0 and calls["_sgd_start_training"] == 2
         calls.clear()
         assert trainer.run(_unseeded_weights) == first  # the same weights: a fresh generator
         assert calls["_sgd_execute"] == 0 and calls["_sgd_start_training"] == 2

@@ -133,6 +133,9 @@ class TorchBackend(Backend):
                 for rank in range(n)
             ]
         )
+        # Every worker has its group now: the next run needs no call to find out (as after a run
+        # that ended with every group in place), a round of N calls fewer on a trainer's first run.
+        self._groups_just_made = True
 
     @staticmethod
     def _set_rendezvous_env(worker_group: Workers) -> Tuple[str, int]:
@@ -163,9 +166,11 @@ class TorchBackend(Backend):
 
     def on_training_start(self, worker_group: Workers, backend_config: BackendConfig) -> None:
         assert isinstance(backend_config, TorchConfig)
-        if backend_config.init_process_group and _kept_their_group(worker_group):
-            # Every worker ended the last run with its process group in place (a run-end note):
-            # no call to them. Each run resets torch's state by itself (a run context).
+        just_made, self._groups_just_made = getattr(self, "_groups_just_made", False), False
+        if backend_config.init_process_group and (just_made or _kept_their_group(worker_group)):
+            # Every worker has its process group: on_start made it, or the last run ended with it
+            # in place (a run-end note). No call to them: each run resets torch's state by itself
+            # (a run context).
             return
         # Nothing of the previous run on these workers reaches this one (see _reset_run_state;
         # sgd_torch.accelerate's switch is per run already).

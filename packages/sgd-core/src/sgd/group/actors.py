@@ -142,8 +142,11 @@ class ActorGroup(_Placing, _InPlace):
         try:
             with deaths_as_errors(None, "starting"):
                 self.worker_group = self._new_worker_group()
+            # Its process starts while the backend is set up (a trainer's first runs need it).
+            self._inputs.start_file_server(self.worker_group, ray.get_runtime_context().get_node_id())
             self._setup()
         except BaseException as exc:
+            self._inputs.shutdown()
             if self.worker_group is not None:
                 self.worker_group.shutdown(patience_s=0)  # no teardown hook is registered yet
             self.worker_group, self.backend = None, None

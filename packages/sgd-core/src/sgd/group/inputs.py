@@ -59,6 +59,13 @@ class RunInputs:
     def run_ended(self) -> None:
         self._shards = None
 
+    def start_file_server(self, wg: WorkerGroup, driver_node: str) -> None:
+        """Start the file server now if a worker runs on another host than the driver's, serving
+        nothing yet: called while the group starts, so that its process is up by the first runs
+        (which tell it of their folders) instead of being waited for by one of them."""
+        if self._files is None and any(m.node_id != driver_node for m in wg.metadata):
+            self._files = start_server(driver_node, [], [])
+
     def file_server(self, request: RunRequest, wg: WorkerGroup, driver_node: str) -> Any:
         """The file server on the driver's host when a worker's host is another one (a disk of
         its own): started once per group, told of new folders only when a run needs them. The
