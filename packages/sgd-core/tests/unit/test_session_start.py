@@ -39,3 +39,74 @@ def test_join_for_counts_the_wait_for_the_start_too():
     assert session.join_for(0.05) is False  # not started: its run has not ended
     session.start()
     assert session.join_for(30) is True
+
+
+def test_the_start_calls_linger_for_the_end_stops_at_an_item_the_driver_must_see_now():
+    """The start call answers with the run's first items and waits up to ``linger_s`` more for
+    its end. An item the driver must see at once ends that wait: a reset-barrier item (the driver
+    must know the run recovers in place before it sees a worker die) or a checkpoint the worker
+    waits on. A report does not."""
+    import time
+
+    from sgd._worker.session import ELASTIC_ITEM, STATE, _Item
+
+    held = threading.Event()
+
+    def train():
+        import sgd
+
+        sgd.report(step=1)
+        STATE.session._put(_Item(ELASTIC_ITEM, "enter"))  # what sgd.elastic.run announces
+        held.wait(60)
+
+    session = Session(train, WorkerContext(world_size=2), lambda d: d)
+    STATE.session = session
+    try:
+        session.start()
+        t = time.monotonic()
+        batch, finished, _, _ = session.poll(10, timeout_s=30, linger_s=30)
+        assert time.monotonic() - t < 15 and not finished
+        assert [kind for kind, _ in batch] == ["report", ELASTIC_ITEM]
+    finally:
+        held.set()
+        session.join()
+        STATE.session = None
+
+
+def test_a_lingering_start_call_is_not_woken_by_each_report():
+    """Each report after the first gives the lingering poll the chance to wake (the training
+    thread waits for one more wait of the poll, 0.5 s at most): it must not take it."""
+    from sgd._worker.session import STATE
+
+    waits = []
+    waited = threading.Condition()
+
+    def train():
+        import sgd
+
+        sgd.report(step=1)
+        for step in range(2, 5):
+            with waited:
+                seen = len(waits)
+                waited.wait_for(lambda: len(waits) > seen, timeout=0.5)
+            sgd.report(step=step)
+
+    session = Session(train, WorkerContext(world_size=2), lambda d: d)
+    real_wait = session._cv.wait
+
+    def counting_wait(timeout=None):
+        with waited:
+            waits.append(timeout)
+            waited.notify_all()
+        return real_wait(timeout)
+
+    session._cv.wait = counting_wait
+    STATE.session = session
+    try:
+        session.start()
+        batch, finished, _, _ = session.poll(10, timeout_s=30, linger_s=30)
+        assert finished and [d["step"] for _, d in batch] == [1, 2, 3, 4]
+        assert len(waits) <= 2  # the first item, then the linger until the end: no wake per report
+    finally:
+        session.join()
+        STATE.session = None

@@ -57,6 +57,10 @@ from sgd.errors import PeerFailureError, PicklableError
 DEFAULT_MAX_PENDING = int(os.environ.get("SGD_MAX_PENDING_RESULTS", "1024"))
 
 
+#: The kind of a reset-barrier item (``sgd.group.resets.ELASTIC``).
+ELASTIC_ITEM = "elastic"
+
+
 class _Item:
     __slots__ = ("kind", "data", "acked", "sync")
 
@@ -110,6 +114,10 @@ class Session(_DriverDisk):
         # Polls waiting for an item: a report wakes only those (a poll that lingers for the run's
         # end is woken by the end, not by each of the reports made meanwhile).
         self._polls_waiting = 0
+        # A poll that lingers for the run's end (the start call's) stops at an item the driver
+        # must see now: a checkpoint the worker waits on, or a reset-barrier item (sgd.elastic).
+        self._lingering = False
+        self._urgent = False
         self._delivered_checkpoints: List[_Item] = []
         self._finished = False
         self._result: Any = None
@@ -265,7 +273,10 @@ class Session(_DriverDisk):
             while len(self._items) >= self._max_pending:
                 self._wait()
             self._items.append(item)
-            if self._polls_waiting:  # nobody else waits for an item: a lingering poll waits for the end
+            urgent = item.sync or item.kind == ELASTIC_ITEM
+            self._urgent = self._urgent or urgent
+            # Only a poll waiting for an item wakes for a report (a lingering one waits for the end).
+            if self._polls_waiting or (urgent and self._lingering):
                 self._cv.notify_all()
 
     def report(self, metrics: Dict[str, Any], checkpoint: Any = None) -> None:
@@ -407,8 +418,13 @@ class Session(_DriverDisk):
                     self._polls_waiting -= 1
             if linger_s and self._items and not self._finished:
                 until = time.monotonic() + linger_s
-                while not self._finished and (left := until - time.monotonic()) > 0:
-                    self._cv.wait(left)
+                self._lingering = True
+                try:
+                    while not self._finished and not self._urgent and (left := until - time.monotonic()) > 0:
+                        self._cv.wait(left)
+                finally:
+                    self._lingering = False
+            self._urgent = False
             batch: List[Tuple[str, Any]] = []
             while self._items and len(batch) < max_items:
                 item = self._items.popleft()
