@@ -88,7 +88,7 @@ def test_a_lingering_start_call_is_not_woken_by_each_report():
         for step in range(2, 5):
             with waited:
                 seen = len(waits)
-                waited.wait_for(lambda: len(waits) > seen, timeout=0.5)
+                waited.wait_for(lambda seen=seen: len(waits) > seen, timeout=0.5)
             sgd.report(step=step)
 
     session = Session(train, WorkerContext(world_size=2), lambda d: d)
