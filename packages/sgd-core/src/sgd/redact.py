@@ -29,17 +29,6 @@ def _no_secret_keys(keys: tuple) -> bool:
     return not any(is_secret_key(k) for k in keys)
 
 
-def is_plain_row(keys: tuple) -> bool:
-    """Whether a dict with these keys needs nothing dropped: every key a string, none naming a
-    secret (asked once per key set: a report's keys repeat every round)."""
-    return _plain_keys(keys)
-
-
-@functools.lru_cache(maxsize=1024)
-def _plain_keys(keys: tuple) -> bool:
-    return all(type(k) is str for k in keys) and _no_secret_keys(keys)
-
-
 def is_secret_key(key: Any) -> bool:
     """Whether a dict key looks like it names a secret (``*api_key*``, ``*token*``, ...)."""
     return isinstance(key, str) and _secret_name(key)
@@ -48,6 +37,16 @@ def is_secret_key(key: Any) -> bool:
 #: Types returned as they are without a look inside (the common report values): the check
 #: runs on every value of every report round, so it must stay cheap.
 _LEAVES = frozenset({str, int, float, bool, type(None)})
+
+
+def _all_leaves(value: dict) -> bool:
+    return all(type(v) in _LEAVES for v in value.values())
+
+
+def is_clean_flat(value: dict) -> bool:
+    """Whether :func:`redact` keeps this dict as it is: no key names a secret and every value is
+    a leaf (the common report; its key set is asked once)."""
+    return _no_secret_keys(tuple(value)) and _all_leaves(value)
 
 
 def redact(value: Any) -> Any:
@@ -60,7 +59,7 @@ def redact(value: Any) -> Any:
         return value
     if isinstance(value, dict):
         if _no_secret_keys(tuple(value)):  # a report's keys repeat every round: asked once
-            if all(type(v) in _LEAVES for v in value.values()):
+            if _all_leaves(value):
                 return dict(value)
             return {k: redact(v) for k, v in value.items()}
         return {k: redact(v) for k, v in value.items() if not is_secret_key(k)}

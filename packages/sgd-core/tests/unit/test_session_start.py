@@ -48,7 +48,8 @@ def test_the_start_calls_linger_for_the_end_stops_at_an_item_the_driver_must_see
     waits on. A report does not."""
     import time
 
-    from sgd._worker.session import ELASTIC_ITEM, STATE, _Item
+    from sgd._common.protocol import ELASTIC
+    from sgd._worker.session import STATE, _Item
 
     held = threading.Event()
 
@@ -56,7 +57,7 @@ def test_the_start_calls_linger_for_the_end_stops_at_an_item_the_driver_must_see
         import sgd
 
         sgd.report(step=1)
-        STATE.session._put(_Item(ELASTIC_ITEM, "enter"))  # what sgd.elastic.run announces
+        STATE.session._put(_Item(ELASTIC, "enter"))  # what sgd.elastic.run announces
         held.wait(60)
 
     session = Session(train, WorkerContext(world_size=2), lambda d: d)
@@ -66,7 +67,7 @@ def test_the_start_calls_linger_for_the_end_stops_at_an_item_the_driver_must_see
         t = time.monotonic()
         batch, finished, _, _ = session.poll(10, timeout_s=30, linger_s=30)
         assert time.monotonic() - t < 15 and not finished
-        assert [kind for kind, _ in batch] == ["report", ELASTIC_ITEM]
+        assert [kind for kind, _ in batch] == ["report", ELASTIC]
     finally:
         held.set()
         session.join()

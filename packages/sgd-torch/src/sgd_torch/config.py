@@ -108,6 +108,8 @@ class TorchBackend(Backend):
     """
 
     checkpoint_codec = "torch"
+    #: on_start made every worker's group since the last run began (the next run asks nothing)
+    _groups_just_made = False
     preload_modules = ("torch.distributed",)
     #: GPUs of one node are shared by its workers (sgd-core does it before ``on_start``).
     share_cuda_visible_devices = True
@@ -166,7 +168,7 @@ class TorchBackend(Backend):
 
     def on_training_start(self, worker_group: Workers, backend_config: BackendConfig) -> None:
         assert isinstance(backend_config, TorchConfig)
-        just_made, self._groups_just_made = getattr(self, "_groups_just_made", False), False
+        just_made, self._groups_just_made = self._groups_just_made, False
         if backend_config.init_process_group and (just_made or _kept_their_group(worker_group)):
             # Every worker has its process group: on_start made it, or the last run ended with it
             # in place (a run-end note). No call to them: each run resets torch's state by itself

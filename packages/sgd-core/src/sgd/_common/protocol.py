@@ -18,6 +18,8 @@ Item kinds:
   its state into; other ranks send ``None`` so the driver can check that every rank took part.
 - ``NOTE``: what the backend's run-end hooks said on the worker (:func:`sgd.backend.on_worker_run_end`),
   with the reply that ends a run that returned; taken out by the collector, like ``LOG``.
+- ``ELASTIC``: a run of ``sgd.elastic`` at the reset barrier, or announcing that it recovers in
+  place (``sgd._worker.resets``); taken out by the collector (``sgd.group.resets``).
 - ``LOG``: what a worker on another host than the driver's printed since its last poll
   (``(rank, bytes)``, for ``run_dir/logs/rank_N.log``); at most one, always the batch's last
   item, taken out by the collector before rounds are lined up (:mod:`sgd._worker.rank_logs`).
@@ -34,12 +36,13 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from sgd._common.json_values import finite, json_default
-from sgd.redact import is_plain_row, redact
+from sgd.redact import is_clean_flat, redact
 
 REPORT = "report"
 CHECKPOINT = "checkpoint"
 LOG = "log"
 NOTE = "note"
+ELASTIC = "elastic"
 
 #: Key of a report dict that carries the checkpoint passed with it; removed by :func:`decode_round`.
 CHECKPOINT_KEY = "_sgd_checkpoint"
@@ -66,8 +69,6 @@ _STRICT_JSON = json.JSONEncoder(default=json_default, allow_nan=False)
 _FLAT_JSON = json.encoder.c_make_encoder(  # type: ignore[attr-defined]
     None, json_default, json.encoder.encode_basestring_ascii, None, ": ", ", ", False, False, False,
 ) if getattr(json.encoder, "c_make_encoder", None) is not None else None
-#: The values of a flat row: JSON holds them as they are (a float that is not finite excepted).
-_PLAIN = frozenset({str, int, float, bool, type(None)})
 
 
 def encode_line(data: Dict[str, Any]) -> str:
@@ -78,12 +79,11 @@ def encode_line(data: Dict[str, Any]) -> str:
     detail = data.get(DETAIL_KEY)
     if detail:
         row.update(detail)
-    if (_FLAT_JSON is not None and is_plain_row(tuple(row))
-            and all(type(v) in _PLAIN for v in row.values())):
+    if _FLAT_JSON is not None and is_clean_flat(row):
         try:
             return "".join(_FLAT_JSON(row, 0))
-        except ValueError:  # a float that is not finite
-            return json.dumps(finite(row), default=json_default)
+        except (ValueError, TypeError):  # a float that is not finite, a key JSON cannot hold: below
+            pass
     row = redact(row)
     try:
         return _STRICT_JSON.encode(row)

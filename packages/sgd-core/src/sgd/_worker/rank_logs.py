@@ -135,9 +135,7 @@ class _Tee:
         while True:
             try:
                 chunk = os.read(self._read_fd, 65536)
-            except BlockingIOError:
-                return
-            except OSError:
+            except OSError:  # nothing more to read now (BlockingIOError), or the pipe is gone
                 return
             if not chunk:
                 return

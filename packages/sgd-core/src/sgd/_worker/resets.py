@@ -24,6 +24,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Tuple
 
+from sgd._common.protocol import ELASTIC
 from sgd._common.run_hooks import run_interrupt_hooks
 from sgd.errors import PicklableError
 
@@ -127,14 +128,14 @@ class ResetLink:
 
     def announce(self) -> None:
         """Tell the driver this run recovers in place (no wait)."""
-        self._put("elastic", Arrival(self.commits, self.sent, "enter", failed=False, waits=False))
+        self._put(ELASTIC, Arrival(self.commits, self.sent, "enter", failed=False, waits=False))
 
     def barrier(self, reason: str, failed: bool) -> Tuple[Resume, Any]:
         """Tell the driver this worker waits to re-form, and wait for its answer."""
         with self._cv:
             self._requested = False
             self._waiting = True
-        self._put("elastic", Arrival(self.commits, self.sent, reason, failed))
+        self._put(ELASTIC, Arrival(self.commits, self.sent, reason, failed))
         with self._cv:
             while self._resume is None:
                 self._cv.wait()

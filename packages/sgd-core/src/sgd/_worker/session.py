@@ -33,6 +33,7 @@ from sgd._common.protocol import (
     CHECKPOINT,
     CHECKPOINT_KEY,
     DETAIL_KEY,
+    ELASTIC,
     LINE_KEY,
     LOG,
     NOTE,
@@ -55,10 +56,6 @@ from sgd.errors import PeerFailureError, PicklableError
 
 #: How many items a worker may buffer ahead of the driver before ``report`` blocks.
 DEFAULT_MAX_PENDING = int(os.environ.get("SGD_MAX_PENDING_RESULTS", "1024"))
-
-
-#: The kind of a reset-barrier item (``sgd.group.resets.ELASTIC``).
-ELASTIC_ITEM = "elastic"
 
 
 class _Item:
@@ -273,7 +270,7 @@ class Session(_DriverDisk):
             while len(self._items) >= self._max_pending:
                 self._wait()
             self._items.append(item)
-            urgent = item.sync or item.kind == ELASTIC_ITEM
+            urgent = item.sync or item.kind == ELASTIC
             self._urgent = self._urgent or urgent
             # Only a poll waiting for an item wakes for a report (a lingering one waits for the end).
             if self._polls_waiting or (urgent and self._lingering):

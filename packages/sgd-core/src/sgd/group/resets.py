@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import ray
 
-from sgd._common.protocol import CHECKPOINT, decode_round
+from sgd._common.protocol import CHECKPOINT, ELASTIC, decode_round
 from sgd.errors import WorkerDiedError
 from sgd.group.status import Barrier
 
@@ -31,7 +31,6 @@ RESET_TIMEOUT_S = float(os.environ.get("SGD_ELASTIC_RESET_TIMEOUT_S", "60"))
 ANSWER_TIMEOUT_S = float(os.environ.get("SGD_ELASTIC_ANSWER_TIMEOUT_S", "5"))
 #: While a reset waits, how often the hosts of the workers not yet there are checked.
 RESET_CHECK_S = 0.25
-ELASTIC = "elastic"
 
 
 class ResetBarrier:

@@ -95,12 +95,13 @@ def start_calls(wg: WorkerGroup, ranks: List[int], request: RunRequest, backend_
 
 
 def _request_form(start: StartRequest, workers: int) -> Any:
-    """What the start calls carry for ``start``: its pickle, or (large, for several workers) the
-    reference of that pickle in the object store."""
+    """What the start calls carry for ``start``: its pickle; for several workers, the request put
+    in the object store once when it holds a checkpoint (Ray's serialiser keeps the arrays out of
+    band), or its pickle put there when that is large."""
     import ray.cloudpickle as cloudpickle
 
     if workers > 1 and not start.preloads and start.user_code[2] is not None:
-        return ray.put(start)  # a checkpoint: Ray's serialiser keeps its arrays out of band, with no copy
+        return ray.put(start)
     blob = cloudpickle.dumps(start)
     if workers > 1 and len(blob) > INLINE_CODE_BYTES:
         return ray.put(blob)
