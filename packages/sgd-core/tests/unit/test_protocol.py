@@ -5,7 +5,16 @@ import json
 import math
 import os
 
-from sgd._common.protocol import CHECKPOINT_KEY, DETAIL_KEY, LINE_KEY, decode_round, encode_line
+from sgd._common.protocol import (
+    CHECKPOINT_KEY,
+    DETAIL_KEY,
+    LINE_KEY,
+    REPORT,
+    decode_items,
+    decode_round,
+    encode_line,
+    plain_report,
+)
 
 
 def _report(**metrics):
@@ -64,15 +73,42 @@ def test_the_detailed_values_travel_in_the_line_only_and_are_read_back_exactly()
     finally:
         STATE.session = None
     assert finished and error is None
-    (kind, data), = batch
-    assert DETAIL_KEY not in data and LINE_KEY in data  # what travels to the driver
-    round_ = decode_round(kind, [data])
+    (item,) = batch
+    kind, data, line = item  # a plain report travels as three parts: no dict holds the line
+    assert kind == REPORT and DETAIL_KEY not in data and LINE_KEY not in data
+    assert json.loads(line)["loss"] == 0.25
+    round_ = decode_items([item])
     assert "_pid" not in round_.results[0]  # handed out without them unless asked for
     full = round_.full_result(0)
     assert full["_pid"] == os.getpid() and isinstance(full["_time_total_s"], float)
     assert set(full) >= {"_date", "_time_total_s", "_pid", "_hostname", "_node_ip", "loss"}
     round_.add_details()
     assert round_.results[0] == full
+
+
+def test_a_round_of_plain_reports_and_a_reported_checkpoint_decodes_each_part_to_its_place():
+    """The driver's fast path takes a round of plain reports apart without touching a dict; a
+    round where one rank passed a checkpoint (its item keeps the two-part form) decodes the same."""
+    plain = []
+    for rank in range(3):
+        data = _report(rank=rank)
+        line = encode_line(data)
+        del data[DETAIL_KEY]
+        plain.append(plain_report(data, line))
+    fast = decode_items(plain)
+    assert fast.results == [{"rank": r, "_training_iteration": 1} for r in range(3)]
+    assert fast.checkpoints == [None] * 3 and not fast.has_reported_checkpoint
+    assert [row["rank"] for row in json.loads(fast.json_line())] == [0, 1, 2]
+    assert fast.full_result(2)["_hostname"] == "h"  # read back from its line
+
+    with_checkpoint = _report(rank=0)
+    with_checkpoint[LINE_KEY] = encode_line(with_checkpoint)
+    with_checkpoint[CHECKPOINT_KEY] = {"w": 1}
+    mixed = decode_items([(REPORT, with_checkpoint), *plain[1:]])
+    assert mixed.results == fast.results and mixed.has_reported_checkpoint
+    assert mixed.checkpoints == [{"w": 1}, None, None]
+    assert mixed.details[0] == {"_pid": 7, "_hostname": "h"} and mixed.details[1] is None
+    assert mixed.json_line() == fast.json_line()
 
 
 def test_a_report_without_a_worker_line_is_encoded_by_the_driver():

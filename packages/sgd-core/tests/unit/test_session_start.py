@@ -67,7 +67,7 @@ def test_the_start_calls_linger_for_the_end_stops_at_an_item_the_driver_must_see
         t = time.monotonic()
         batch, finished, _, _ = session.poll(10, timeout_s=30, linger_s=30)
         assert time.monotonic() - t < 15 and not finished
-        assert [kind for kind, _ in batch] == ["report", ELASTIC]
+        assert [item[0] for item in batch] == ["report", ELASTIC]
     finally:
         held.set()
         session.join()
@@ -106,7 +106,7 @@ def test_a_lingering_start_call_is_not_woken_by_each_report():
     try:
         session.start()
         batch, finished, _, _ = session.poll(10, timeout_s=30, linger_s=30)
-        assert finished and [d["step"] for _, d in batch] == [1, 2, 3, 4]
+        assert finished and [item[1]["step"] for item in batch] == [1, 2, 3, 4]
         assert len(waits) <= 2  # the first item, then the linger until the end: no wake per report
     finally:
         session.join()

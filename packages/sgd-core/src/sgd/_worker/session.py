@@ -39,9 +39,11 @@ from sgd._common.protocol import (
     NOTE,
     REPORT,
     CheckpointTarget,
+    Item,
     RemoteError,
     WrittenCheckpoint,
     encode_line,
+    plain_report,
 )
 from sgd._common.run_hooks import run_end_hooks, run_error_hooks, run_in_contexts
 from sgd._worker.checkpoint_payloads import materialize, reported_checkpoint, saved_checkpoint
@@ -382,7 +384,7 @@ class Session(_DriverDisk):
     # --- called by the driver through the actor -------------------------------
 
     def poll(self, max_items: int, timeout_s: Optional[float] = None,
-             linger_s: float = 0.0) -> Tuple[List[Tuple[str, Any]], bool, Any, Optional[RemoteError]]:
+             linger_s: float = 0.0) -> Tuple[List[Item], bool, Any, Optional[RemoteError]]:
         """Block until items are available or the run ended (or ``timeout_s`` passed: then
         the batch may be empty); return a batch. ``linger_s``: once items are there, wait up to
         that much longer for the run to end, so that a short run's end comes with them.
@@ -422,7 +424,7 @@ class Session(_DriverDisk):
                 finally:
                     self._lingering = False
             self._urgent = False
-            batch: List[Tuple[str, Any]] = []
+            batch: List[Item] = []
             while self._items and len(batch) < max_items:
                 item = self._items.popleft()
                 batch.append((item.kind, item.data))
@@ -430,7 +432,6 @@ class Session(_DriverDisk):
                     self._delivered_checkpoints.append(item)
                     break
             self._cv.notify_all()
-            self._last_batch = batch  # kept until the next poll: see sgd._worker.unsendable
             finished = self._finished and not self._items
             log = self._output.take()
         # Each report's results.jsonl text is encoded here, in the worker (outside the lock, so
@@ -438,11 +439,23 @@ class Session(_DriverDisk):
         # grow with the values every worker reports (issue 20).
         # The detailed values are in that text; they travel on their own only with a checkpoint
         # (the manager files them with it): the driver reads them back from the text when asked.
-        for kind, data in batch:
-            if kind == REPORT and LINE_KEY not in data:
-                data[LINE_KEY] = encode_line(data)
-                if CHECKPOINT_KEY not in data:
+        # A plain report travels as (REPORT, metrics, text) (sgd._common.protocol): the driver
+        # lines a round up without touching its dicts. One with a checkpoint keeps its parts in it.
+        sent: List[Item] = batch
+        if batch:
+            sent = []
+            for entry in batch:
+                kind, data = entry
+                if kind != REPORT or LINE_KEY in data:
+                    sent.append(entry)
+                elif CHECKPOINT_KEY in data:
+                    data[LINE_KEY] = encode_line(data)
+                    sent.append(entry)
+                else:
+                    line = encode_line(data)
                     data.pop(DETAIL_KEY, None)
+                    sent.append(plain_report(data, line))
+        batch = self._last_batch = sent  # kept until the next poll: see sgd._worker.unsendable
         if finished and self._notes is not None:
             batch = batch + [(NOTE, self._notes)]
         if log is not None:

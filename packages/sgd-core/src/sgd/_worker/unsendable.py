@@ -15,7 +15,7 @@ import os
 import socket
 from typing import Any, List, Optional, Tuple
 
-from sgd._common.protocol import CHECKPOINT, CHECKPOINT_KEY, RemoteError
+from sgd._common.protocol import CHECKPOINT, CHECKPOINT_KEY, Item, RemoteError
 from sgd._worker.session import STATE
 
 
@@ -53,7 +53,7 @@ def _describe(kind: str, data: Any) -> Optional[str]:
     return f"{name} got a value that cannot be pickled ({type(exc).__name__}: {exc})"
 
 
-def split_unsendable() -> Optional[Tuple[List[Tuple[str, Any]], bool, Any, Any]]:
+def split_unsendable() -> Optional[Tuple[List[Item], bool, Any, Any]]:
     """On the worker: the last poll reply cut before its first unpicklable item, with the
     error that names it, as a poll reply; ``None`` if every item pickles (another failure)."""
 
@@ -61,8 +61,8 @@ def split_unsendable() -> Optional[Tuple[List[Tuple[str, Any]], bool, Any, Any]]
     batch = getattr(session, "_last_batch", None)
     if session is None or not batch:
         return None
-    for index, (kind, data) in enumerate(batch):
-        problem = _describe(kind, data)
+    for index, item in enumerate(batch):
+        problem = _describe(item[0], item[1])
         if problem is None:
             continue
         import ray.cloudpickle as cloudpickle
@@ -76,7 +76,7 @@ def split_unsendable() -> Optional[Tuple[List[Tuple[str, Any]], bool, Any, Any]]
     return None
 
 
-def recover_poll(worker: Any, error: BaseException) -> Tuple[List[Tuple[str, Any]], bool, Any, Any]:
+def recover_poll(worker: Any, error: BaseException) -> Tuple[List[Item], bool, Any, Any]:
     """On the driver, when ``worker._sgd_poll`` raised ``error``: the reply's sendable part
     and an error naming the unpicklable key, or ``error`` again if that was not the cause."""
     import ray

@@ -18,7 +18,7 @@ from collections import deque
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 from sgd._common.nodes import NodeInfo
-from sgd._common.protocol import decode_round
+from sgd._common.protocol import Item, decode_items
 from sgd._worker.session import STATE, Session, WorkerContext
 from sgd._worker.stacks import thread_stacks
 from sgd.backend import BackendConfig
@@ -46,7 +46,7 @@ class InProcessGroup:
         self.gpus = gpus
         self.session: Optional[Session] = None
         self._context: Optional[WorkerContext] = None
-        self._items: Deque[Tuple[str, Any]] = deque()
+        self._items: Deque[Item] = deque()
         self._sent = 0
         self._last_progress = time.monotonic()
 
@@ -100,8 +100,7 @@ class InProcessGroup:
                 return Poll.finished([value])
             if not batch and time.monotonic() >= deadline:
                 return Poll.idle([self._sent], self._last_progress)
-        kind, data = self._items.popleft()
-        return Poll.of_round(decode_round(kind, [data]))
+        return Poll.of_round(decode_items([self._items.popleft()]))
 
     def health(self) -> Health:
         return HEALTHY

@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import ray
 
-from sgd._common.protocol import CHECKPOINT, ELASTIC, decode_round
+from sgd._common.protocol import CHECKPOINT, ELASTIC, Item, decode_items
 from sgd.errors import WorkerDiedError
 from sgd.group.status import Barrier
 
@@ -48,7 +48,7 @@ class ResetBarrier:
 
     def _poll(self, i: int) -> None: ...
 
-    def _mismatch_kinds(self, items: List[Tuple[str, Any]]) -> None: ...
+    def _mismatch_kinds(self, items: List[Item]) -> None: ...
 
     def _init_resets(self, lost_hosts: Optional[Callable[[List[int]], List[int]]]) -> None:
         # In-place recovery (sgd.elastic): whether the run announced it; the workers waiting at
@@ -83,11 +83,11 @@ class ResetBarrier:
             taken = [i for i in range(n) if self._pending[i]]
             items = [self._pending[i].popleft() for i in taken]
             kind = items[0][0]
-            if any(k != kind for k, _ in items):
+            if any(item[0] != kind for item in items):
                 self._mismatch_kinds(items)
             if kind == CHECKPOINT and taken[0] != 0:
                 return self._next_in_reset()  # rank 0's state is lost with it: no checkpoint to keep
-            return decode_round(kind, [d for _, d in items])
+            return decode_items(items)
         if all(i in out for i in range(n)) and not live_items:
             if not self._arrived:  # every worker is gone: nothing to re-form
                 first = next(iter(self._gone.values()))

@@ -29,7 +29,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from sgd._common.peers import reads_like_peer_failure
-from sgd._common.protocol import CHECKPOINT, CHECKPOINT_KEY, LOG, NOTE, REPORT, RemoteError, decode_round
+from sgd._common.protocol import CHECKPOINT, CHECKPOINT_KEY, LOG, NOTE, REPORT, Item, RemoteError, Round, decode_items
 from sgd._common.waits import wait
 from sgd._worker.unsendable import recover_poll
 from sgd.errors import WorkerDiedError, WorkerError
@@ -86,12 +86,15 @@ class _Failed(Exception):
         self.error = error
 
 
-def _awaits_ack(batch: List[Tuple[str, Any]]) -> bool:
+def _awaits_ack(batch: List[Item]) -> bool:
     """Whether the batch ends with an item its worker waits on (a checkpoint): the worker's next
     poll tells it the driver persisted that item, so it is sent only once the driver has."""
     if not batch:
         return False
-    kind, data = batch[-1]
+    last = batch[-1]
+    if len(last) == 3:
+        return False  # a plain report: (REPORT, metrics, text)
+    kind, data = last
     return kind == CHECKPOINT or (kind == REPORT and isinstance(data, dict) and CHECKPOINT_KEY in data)
 
 
@@ -104,7 +107,7 @@ class RoundCollector(ResetBarrier):
                  on_log: Optional[Callable[[int, bytes], None]] = None):
         n = len(workers)
         self._workers = workers
-        self._pending: List[Deque[Tuple[str, Any]]] = [deque() for _ in range(n)]
+        self._pending: List[Deque[Item]] = [deque() for _ in range(n)]
         self._done = [False] * n
         self._kind_counts: List[Dict[str, int]] = [{} for _ in range(n)]
         self.returns: List[Any] = [None] * n
@@ -150,7 +153,18 @@ class RoundCollector(ResetBarrier):
             return Poll.idle([sum(c.values()) for c in self._kind_counts], self.last_progress)
         if isinstance(got, Barrier):
             return Poll.reset(got)
-        return Poll.of_round(got)
+        return Poll.of_round(got, self._burst())
+
+    def _burst(self) -> Tuple[Round, ...]:
+        """The rounds of plain reports already complete (up to :data:`BURST_ROUNDS`), taken now:
+        one poll answer for a burst instead of one per round."""
+        pending = self._pending
+        if self._arrived or self._gone or self._error is not None or not all(pending):
+            return ()
+        burst: List[Round] = []
+        while len(burst) < BURST_ROUNDS and all(pending) and min(len(p[0]) for p in pending) == 3:
+            burst.append(decode_items([p.popleft() for p in pending]))
+        return tuple(burst)
 
     def _next(self, deadline: float) -> Any:
         """A round, ``None`` (every worker finished) or ``_IDLE`` (nothing by ``deadline``)."""
@@ -172,7 +186,7 @@ class RoundCollector(ResetBarrier):
                 items = [p.popleft() for p in self._pending]
                 if self._error is None and len(set(map(itemgetter(0), items))) > 1:
                     self._mismatch_kinds(items)
-                return decode_round(items[0][0], [d for _, d in items])
+                return decode_items(items)
             if self._error is not None:
                 self._drain_or_raise()
                 continue
@@ -245,9 +259,9 @@ class RoundCollector(ResetBarrier):
                 self.notes[i] = batch.pop()[1]
             kinds = Counter(map(itemgetter(0), batch))  # one pass in C over every item
             if ELASTIC in kinds:
-                for kind, data in batch:
-                    if kind == ELASTIC:
-                        self._take_elastic(i, data)
+                for item in batch:
+                    if item[0] == ELASTIC:
+                        self._take_elastic(i, item[1])
                 batch = [item for item in batch if item[0] != ELASTIC]
                 del kinds[ELASTIC]
             if batch or finished or error is not None:
@@ -420,9 +434,10 @@ class RoundCollector(ResetBarrier):
             f"({self._describe()}). Every worker must report and checkpoint the same number of times."
         ))
 
-    def _mismatch_kinds(self, items: List[Tuple[str, Any]]) -> None:
+    def _mismatch_kinds(self, items: List[Item]) -> None:
         detail = ", ".join(
-            f"rank {i} called {'save_checkpoint' if k == CHECKPOINT else 'report'}" for i, (k, _) in enumerate(items)
+            f"rank {i} called {'save_checkpoint' if item[0] == CHECKPOINT else 'report'}"
+            for i, item in enumerate(items)
         )
         raise _Failed(RuntimeError(
             f"workers are out of step: {detail} at the same point. Every worker must call "
@@ -431,6 +446,8 @@ class RoundCollector(ResetBarrier):
 
 
 _IDLE = object()
+#: At most this many rounds in one poll answer's burst (:attr:`Poll.more`).
+BURST_ROUNDS = 256
 logger = logging.getLogger("sgd")
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from sgd._common.nodes import NodeInfo
 from sgd._common.protocol import CHECKPOINT, CHECKPOINT_KEY, REPORT, Round, decode_round
@@ -37,6 +37,9 @@ class Poll:
         watchdog names the ranks that are behind from it).
     :ivar last_progress: when (``time.monotonic()``) any worker last sent an item, ended its
         run or started it.
+    :ivar more: for ``ROUND``, the rounds of plain reports that were complete right after
+        ``round``, in order: a burst (a run whose workers reported faster than the driver took
+        rounds) is handed over in one answer, and the controller takes them one by one.
     """
 
     kind: PollKind
@@ -46,10 +49,11 @@ class Poll:
     progress: List[int] = field(default_factory=list)
     last_progress: float = 0.0
     barrier: Optional[Barrier] = None
+    more: Tuple[Round, ...] = ()
 
     @classmethod
-    def of_round(cls, round_: Round) -> Poll:
-        return cls(PollKind.ROUND, round=round_)
+    def of_round(cls, round_: Round, more: Tuple[Round, ...] = ()) -> Poll:
+        return cls(PollKind.ROUND, round=round_, more=more)
 
     @classmethod
     def finished(cls, returns: List[Any]) -> Poll:

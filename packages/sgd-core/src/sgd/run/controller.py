@@ -30,10 +30,12 @@ import logging
 import math
 import os
 import time
+from collections import deque
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 from sgd._common.nodes import NodeInfo
+from sgd._common.protocol import Round
 from sgd.checkpoint import SHARDED_KEY
 from sgd.group.protocol import RunGroup
 from sgd.group.status import Poll, PollKind
@@ -145,6 +147,8 @@ class ActiveRun(_Recovery):
         self._hang_timeout_s = controller.hang_timeout_s
         self._run_info = dict(spec.run_info, callbacks=list(spec.callbacks))
         self._delivery = Delivery(spec.run_dir, spec.manager, self._hand_out, self._after_checkpoint)
+        #: rounds a poll handed over in one burst (:attr:`Poll.more`), not yet delivered
+        self._burst: Deque[Round] = deque()
         initial = spec.checkpoint
         self._readable = [initial[SHARDED_KEY]] if isinstance(initial, dict) and SHARDED_KEY in initial else []
         # Between rounds: the drain being acted on, a resize decided after a checkpoint (done
@@ -186,6 +190,8 @@ class ActiveRun(_Recovery):
             return
         self.transitions.append(state.kind)
         self.history.append(state)
+        if state.kind is not RunState.RUNNING:
+            self._burst.clear()  # a restart replays those rounds; a stop or failure drops them
 
     # --- between rounds: hosts, hangs, room to grow -------------------------------------------
 
@@ -304,10 +310,15 @@ class ActiveRun(_Recovery):
                 resize, self._resize = self._resize, None
                 self._to(Resizing(resize))
                 return None
+            if self._burst:
+                # The rest of a burst: delivered one round per step, flushed with its last.
+                round_ = self._burst.popleft()
+                return self._delivery.deliver(round_, flush=not self._burst)
             poll = self._group.poll(POLL_SLICE_S)
             if poll.kind is PollKind.ROUND:
                 assert poll.round is not None
-                results = self._delivery.deliver(poll.round)
+                self._burst.extend(poll.more)
+                results = self._delivery.deliver(poll.round, flush=not self._burst)
             elif poll.kind is PollKind.FINISHED:
                 self.returns = poll.returns
                 self._delivery.commit_pending(final=True)

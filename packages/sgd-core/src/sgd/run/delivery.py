@@ -53,9 +53,11 @@ class Delivery:
         self.position = start_iteration
         self._pending.clear()
 
-    def deliver(self, round_: Round) -> Optional[List[Dict[str, Any]]]:
+    def deliver(self, round_: Round, flush: bool = True) -> Optional[List[Dict[str, Any]]]:
         """Persist one round and hand it out; ``None`` when there is nothing to hand out (a
-        checkpoint round, a round replayed after a restart)."""
+        checkpoint round, a round replayed after a restart). ``flush=False``: a round of a burst
+        that is not its last (see :meth:`RunDirectory.append_line`); a round with a checkpoint
+        is flushed whatever it says, before the checkpoint is registered."""
         manager = self._manager
         if self._pending:
             self.commit_pending()
@@ -80,9 +82,10 @@ class Delivery:
             return None  # replayed after a restart: callbacks already have it
         self.delivered_iteration = iteration
         results = round_.results
-        self._run_dir.append_line(round_.json_line())
+        has_checkpoint = round_.has_reported_checkpoint
+        self._run_dir.append_line(round_.json_line(), flush or has_checkpoint)
         manager.delivered(iteration)
-        if round_.has_reported_checkpoint:
+        if has_checkpoint:
             # After the results line: a driver that dies in between resumes from an older
             # checkpoint and replays (de-duplicated), never skips, this round.
             # The lowest rank's folder is the checkpoint; other ranks' are merged into it.

@@ -20,6 +20,9 @@ from sgd.checkpoint.integrity import checkpoint_dirs
 from sgd.redact import redact
 from sgd.storage.reading import RESULTS_FILE, SETTINGS_FILE, STATUS_FILE, last_iteration, read_settings
 
+#: Bytes of ``results.jsonl`` the driver buffers between flushes (a burst of rounds).
+RESULTS_BUFFER = 1 << 20
+
 
 class RunDirectory:
     def __init__(self, path: Path):
@@ -74,15 +77,23 @@ class RunDirectory:
 
     # --- results ------------------------------------------------------------------
 
-    def append_line(self, line: str) -> None:
-        """Append one round's line, already JSON (:meth:`sgd._common.protocol.Round.json_line`)."""
+    def append_line(self, line: str, flush: bool = True) -> None:
+        """Append one round's line, already JSON (:meth:`sgd._common.protocol.Round.json_line`).
+
+        :param flush: hand it to the OS now (it survives a killed driver). ``False`` for a round
+            of a burst that is not its last: the burst's last round flushes them all.
+        """
         if self._results is None:
-            self._results = open(self.path / RESULTS_FILE, "a", encoding="utf-8")
+            # A buffer that holds a burst: one write to the OS for it, not one per round.
+            self._results = open(self.path / RESULTS_FILE, "a", encoding="utf-8", buffering=RESULTS_BUFFER)
         self._results.write(line + "\n")
-        self._results.flush()  # reaches the OS at once: survives a killed driver
+        if flush:
+            self._results.flush()
 
     def last_iteration(self) -> int:
         """``_training_iteration`` of the last complete line of ``results.jsonl`` (0 if none)."""
+        if self._results is not None:
+            self._results.flush()
         return last_iteration(self.path)
 
     # --- checkpoints ------------------------------------------------------------------
