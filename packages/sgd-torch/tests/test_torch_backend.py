@@ -433,6 +433,24 @@ def test_encode_data_leaves_plain_values_alone():
     assert not out["t"][0].requires_grad
 
 
+def test_a_report_of_plain_values_is_not_walked_and_one_with_a_tensor_is():
+    """The common report (numbers and strings) is handed on as it is, with no copy: a check
+    of each value's type, in C. One tensor among the values makes it a walked copy."""
+    from sgd_torch import TorchBackend
+
+    plain = {"loss": 0.5, "step": 3, "name": "x", "done": False, "none": None}
+    assert TorchBackend.encode_data(plain) is plain
+    holding = {"loss": 0.5, "w": torch.ones(2, requires_grad=True)}
+    out = TorchBackend.encode_data(holding)
+    assert out is not holding and not out["w"].requires_grad and holding["w"].requires_grad
+    subclass = {"flag": _Flag(1)}  # an int subclass could be anything: walked, kept as it is
+    assert TorchBackend.encode_data(subclass) is not subclass and TorchBackend.encode_data(subclass) == subclass
+
+
+class _Flag(int):
+    pass
+
+
 def test_get_devices_on_cpu_is_the_cpu(trainer):
     def train_func():
         from sgd_torch import get_device, get_devices

@@ -40,7 +40,7 @@ _LEAVES = frozenset({str, int, float, bool, type(None)})
 
 
 def _all_leaves(value: dict) -> bool:
-    return all(type(v) in _LEAVES for v in value.values())
+    return all(map(_LEAVES.__contains__, map(type, value.values())))  # one loop in C
 
 
 def is_clean_flat(value: dict) -> bool:

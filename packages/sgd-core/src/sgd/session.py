@@ -115,12 +115,16 @@ def report(metrics: Optional[Dict[str, Any]] = None, checkpoint: Any = None, che
             raise TypeError(f"sgd.report(checkpoint=...) takes an sgd.Checkpoint, got {t.__module__}.{t.__qualname__}")
         # ``sgd.report(checkpoint=3)``: keyword style, a metric that happens to be called so.
         kwargs["checkpoint"], checkpoint = checkpoint, None
+    data = {**metrics, **kwargs} if metrics else kwargs
+    if (checkpoint is None and checkpoint_upload_mode is None and checkpoint_dir_name is None
+            and checkpoint_upload_fn is None and validation is False):
+        _session("report").report(data, None)  # the common call: metrics only
+        return
     _refuse_unsupported(checkpoint_dir_name=checkpoint_dir_name, checkpoint_upload_fn=checkpoint_upload_fn,
                         validation=validation)
     mode = str(getattr(checkpoint_upload_mode, "value", checkpoint_upload_mode) or "SYNC").upper()
     if mode not in ("SYNC", "ASYNC", "NO_UPLOAD"):
         raise ValueError(f"checkpoint_upload_mode must be SYNC, ASYNC or NO_UPLOAD, got {checkpoint_upload_mode!r}")
-    data = {**metrics, **kwargs} if metrics else kwargs
     _session("report").report(data, checkpoint)
     delete = delete_local_checkpoint_after_upload
     if delete is None:

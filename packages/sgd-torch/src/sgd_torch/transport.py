@@ -11,8 +11,15 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+#: Values that never hold a tensor, checked by exact type (the common report's values).
+_PLAIN = frozenset({int, float, str, bool, type(None)})
+
 
 def _to_cpu(data: Any) -> Any:
+    if type(data) in _PLAIN:
+        return data
+    if type(data) is dict and all(map(_PLAIN.__contains__, map(type, data.values()))):
+        return data  # a report of plain values (every report of most runs): nothing to move
     import torch
 
     if isinstance(data, (int, float, str, bool, type(None))):

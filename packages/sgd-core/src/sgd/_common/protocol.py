@@ -81,7 +81,10 @@ def encode_line(data: Dict[str, Any]) -> str:
     """One report as ``results.jsonl`` keeps it: JSON, secrets dropped (:mod:`sgd.redact`), the
     detailed values in, the checkpoint out; non-finite floats spelled as strings, other values
     as :func:`~sgd._common.json_values.json_default` makes them. Never raises."""
-    row = {k: v for k, v in data.items() if k not in _WIRE_KEYS}
+    row = data.copy()
+    for key in _WIRE_KEYS:
+        if key in row:
+            del row[key]
     detail = data.get(DETAIL_KEY)
     if detail:
         row.update(detail)

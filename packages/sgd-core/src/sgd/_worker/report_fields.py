@@ -41,6 +41,7 @@ class ReportFields:
         self._last_report_time = self._start_time
         self._date_second = -1
         self._date = ""
+        self._pid = os.getpid()
 
     def stamp(self, out: Dict[str, Any]) -> Dict[str, Any]:
         """Count one report and add sgd's fields to ``out`` (the report's own dict); returns it."""
@@ -53,7 +54,7 @@ class ReportFields:
         if second != self._date_second:  # the date string changes once a second
             self._date_second = second
             self._date = time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(now))
-        out[DETAIL_KEY] = {"_date": self._date, "_time_total_s": now - self._start_time, "_pid": os.getpid(),
-                           "_hostname": _HOSTNAME, "_node_ip": _node_ip()}
+        out[DETAIL_KEY] = {"_date": self._date, "_time_total_s": now - self._start_time, "_pid": self._pid,
+                           "_hostname": _HOSTNAME, "_node_ip": _node_ip_cache or _node_ip()}
         self._last_report_time = now
         return out

@@ -162,8 +162,9 @@ class RoundCollector(ResetBarrier):
         if self._arrived or self._gone or self._error is not None or not all(pending):
             return ()
         burst: List[Round] = []
-        while len(burst) < BURST_ROUNDS and all(pending) and min(len(p[0]) for p in pending) == 3:
-            burst.append(decode_items([p.popleft() for p in pending]))
+        # Each step in C: only plain reports have three parts (a round of them needs no look inside).
+        while len(burst) < BURST_ROUNDS and all(pending) and min(map(len, map(_FIRST, pending))) == 3:
+            burst.append(decode_items(list(map(deque.popleft, pending))))
         return tuple(burst)
 
     def _next(self, deadline: float) -> Any:
@@ -183,7 +184,7 @@ class RoundCollector(ResetBarrier):
                         return _IDLE
                     continue
             if all(self._pending):
-                items = [p.popleft() for p in self._pending]
+                items = list(map(deque.popleft, self._pending))
                 if self._error is None and len(set(map(itemgetter(0), items))) > 1:
                     self._mismatch_kinds(items)
                 return decode_items(items)
@@ -446,6 +447,7 @@ class RoundCollector(ResetBarrier):
 
 
 _IDLE = object()
+_FIRST = itemgetter(0)
 #: At most this many rounds in one poll answer's burst (:attr:`Poll.more`).
 BURST_ROUNDS = 256
 logger = logging.getLogger("sgd")
