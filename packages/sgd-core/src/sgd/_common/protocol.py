@@ -81,10 +81,7 @@ def encode_line(data: Dict[str, Any]) -> str:
     """One report as ``results.jsonl`` keeps it: JSON, secrets dropped (:mod:`sgd.redact`), the
     detailed values in, the checkpoint out; non-finite floats spelled as strings, other values
     as :func:`~sgd._common.json_values.json_default` makes them. Never raises."""
-    row = data.copy()
-    for key in _WIRE_KEYS:
-        if key in row:
-            del row[key]
+    row = {k: v for k, v in data.items() if k not in _WIRE_KEYS}
     detail = data.get(DETAIL_KEY)
     if detail:
         row.update(detail)
@@ -288,16 +285,12 @@ def decode_items(items: List[Item]) -> Round:
     if n and min(map(len, items)) == 3:  # in C: only plain reports have three parts
         _, results, texts = zip(*items)
         return Round(REPORT, list(results), [None] * n, list(texts), [None] * n)
-    kind = items[0][0] if n else REPORT
-    if kind == CHECKPOINT:
-        return Round(kind, [item[1] for item in items])
-    data: List[Any] = []
-    lines: List[Optional[str]] = []
-    for item in items:
-        data.append(item[1])
-        lines.append(item[2] if len(item) == 3 else item[1].pop(LINE_KEY, None))
-    return Round(kind, data, [d.pop(CHECKPOINT_KEY, None) for d in data], lines,
-                 [d.pop(DETAIL_KEY, None) for d in data])
+    round_ = decode_round(items[0][0] if n else REPORT, [item[1] for item in items])
+    if round_.lines:  # plain reports beside one that carries a checkpoint: their texts
+        for i, item in enumerate(items):
+            if len(item) == 3:
+                round_.lines[i] = item[2]
+    return round_
 
 
 def plain_report(metrics: Dict[str, Any], line: str) -> Item:
