@@ -55,6 +55,6 @@ class ReportFields:
             self._date_second = second
             self._date = time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(now))
         out[DETAIL_KEY] = {"_date": self._date, "_time_total_s": now - self._start_time, "_pid": self._pid,
-                           "_hostname": _HOSTNAME, "_node_ip": _node_ip_cache or _node_ip()}
+                           "_hostname": _HOSTNAME, "_node_ip": _node_ip()}
         self._last_report_time = now
         return out

@@ -441,20 +441,18 @@ class Session(_DriverDisk):
         # (the manager files them with it): the driver reads them back from the text when asked.
         # A plain report travels as (REPORT, metrics, text) (sgd._common.protocol): the driver
         # lines a round up without touching its dicts. One with a checkpoint keeps its parts in it.
-        sent: List[Item] = batch
-        if batch:
-            sent = []
-            for entry in batch:
-                kind, data = entry
-                if kind != REPORT or LINE_KEY in data:
-                    sent.append(entry)
-                elif CHECKPOINT_KEY in data:
-                    data[LINE_KEY] = encode_line(data)
-                    sent.append(entry)
-                else:
-                    line = encode_line(data)
-                    data.pop(DETAIL_KEY, None)
-                    sent.append(plain_report(data, line))
+        sent: List[Item] = []
+        for entry in batch:
+            kind, data = entry
+            if kind != REPORT or LINE_KEY in data:
+                sent.append(entry)
+            elif CHECKPOINT_KEY in data:
+                data[LINE_KEY] = encode_line(data)
+                sent.append(entry)
+            else:
+                line = encode_line(data)
+                data.pop(DETAIL_KEY, None)
+                sent.append(plain_report(data, line))
         batch = self._last_batch = sent  # kept until the next poll: see sgd._worker.unsendable
         if finished and self._notes is not None:
             batch = batch + [(NOTE, self._notes)]
