@@ -5,6 +5,9 @@ import json
 import math
 import os
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from sgd._common.protocol import (
     CHECKPOINT_KEY,
     DETAIL_KEY,
@@ -13,6 +16,7 @@ from sgd._common.protocol import (
     decode_items,
     decode_round,
     encode_line,
+    encode_stamped,
     plain_report,
 )
 
@@ -36,6 +40,38 @@ def test_values_json_cannot_hold_are_spelled_not_raised():
     assert row["obj"].startswith("<object object")
     # A key JSON cannot hold drops that entry only.
     assert json.loads(encode_line(_report(**{"ok": 1}) | {(1, 2): "x"}))["ok"] == 1
+
+
+_VALUES = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=8),
+    st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+)
+_NAMES = st.one_of(st.text(max_size=8), st.sampled_from(["_date", "_pid", "api_key", "password", "loss", "é"]))
+
+
+@settings(max_examples=400, deadline=None)
+@given(metrics=st.dictionaries(_NAMES, _VALUES, max_size=5),
+       total=st.one_of(st.floats(), st.integers()),
+       date=st.one_of(st.text(max_size=20), st.integers()),
+       host=st.text(max_size=6), shape=st.sampled_from(["stamped", "reordered", "short"]))
+def test_a_stamped_report_is_encoded_to_the_same_text_as_encode_line_gives(metrics, total, date, host, shape):
+    """The shortcut for a worker's plain report: the same bytes for anything, the common report
+    (plain values, sgd's five detailed values as stamped) and every other case it hands on."""
+    metrics = dict(metrics, _timestamp=1795800000, _time_this_iter_s=0.25, _training_iteration=3)
+    detail = {"_date": date, "_time_total_s": total, "_pid": 4242, "_hostname": host, "_node_ip": "10.0.0.7"}
+    if shape == "reordered":
+        detail = dict(reversed(list(detail.items())))
+    elif shape == "short":
+        del detail["_node_ip"]
+    assert encode_stamped(dict(metrics), detail) == encode_line({**metrics, DETAIL_KEY: detail})
+
+
+def test_the_common_report_takes_the_shortcut_and_reads_back_whole():
+    detail = {"_date": "2026-11-27_21-00-00", "_time_total_s": 1.5e-05, "_pid": 9, "_hostname": "vm",
+              "_node_ip": "1.2.3.4"}
+    line = encode_stamped({"loss": 0.1, "step": 2}, detail)
+    assert json.loads(line) == {"loss": 0.1, "step": 2, **detail}
+    assert line == encode_line({"loss": 0.1, "step": 2, DETAIL_KEY: detail})
 
 
 def test_a_decoded_round_hands_out_plain_results_and_one_line():

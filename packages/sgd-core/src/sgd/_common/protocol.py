@@ -100,6 +100,44 @@ def encode_line(data: Dict[str, Any]) -> str:
     return json.dumps(finite(row), default=json_default)
 
 
+#: The text of the detailed values that follows the time, by (pid, host name, node IP): the same
+#: in every report a process makes. And the text before the time, by date (one a second).
+_DETAIL_TAILS: Dict[Tuple[Any, ...], str] = {}
+_DATE_TEXTS: Dict[Any, str] = {}
+
+
+def encode_stamped(metrics: Dict[str, Any], detail: Dict[str, Any]) -> str:
+    """The text :func:`encode_line` makes of ``metrics`` with ``detail`` under
+    :data:`DETAIL_KEY` (a plain report as a worker stamped it, its detail taken out), the same
+    to the byte, made cheaper for the common report: one encoder call for the metrics, and the
+    detailed values joined on as text (of the five, only the time changes from one report to the
+    next, and the date once a second). Anything else (a value that is not plain, a metric that
+    shares a name with a detailed value, a detail of another shape) goes through
+    :func:`encode_line`. Never raises."""
+    total = detail.get("_time_total_s")
+    if (_FLAT_JSON is not None and type(total) is float and total - total == 0.0  # finite
+            and tuple(detail) == DETAILED_AUTOFILLED_KEYS and metrics.keys().isdisjoint(detail)
+            and is_clean_flat(metrics)):
+        try:
+            head = "".join(_FLAT_JSON(metrics, 0))
+            date, _, pid, host, ip = detail.values()
+            before = _DATE_TEXTS.get(date)
+            if before is None:
+                if len(_DATE_TEXTS) > 8:
+                    _DATE_TEXTS.clear()
+                before = _DATE_TEXTS[date] = f', "_date": {"".join(_FLAT_JSON(date, 0))}, "_time_total_s": '
+            tail = _DETAIL_TAILS.get((pid, host, ip))
+            if tail is None:
+                tail = _DETAIL_TAILS[(pid, host, ip)] = "".join(
+                    f', "{key}": {"".join(_FLAT_JSON(value, 0))}' for key, value in
+                    (("_pid", pid), ("_hostname", host), ("_node_ip", ip))) + "}"
+            if len(head) > 2:  # not "{}"
+                return f"{head[:-1]}{before}{total!r}{tail}"
+        except (ValueError, TypeError):  # a value JSON cannot hold as it is: below
+            pass
+    return encode_line({**metrics, DETAIL_KEY: detail})
+
+
 #: The switch, under sgd's name and Ray Train 1.x's.
 DETAILED_SWITCHES = ("SGD_RESULT_ENABLE_DETAILED_AUTOFILLED_METRICS", "TRAIN_RESULT_ENABLE_DETAILED_AUTOFILLED_METRICS")
 

@@ -43,6 +43,7 @@ from sgd._common.protocol import (
     RemoteError,
     WrittenCheckpoint,
     encode_line,
+    encode_stamped,
     plain_report,
 )
 from sgd._common.run_hooks import run_end_hooks, run_error_hooks, run_in_contexts
@@ -450,9 +451,8 @@ class Session(_DriverDisk):
                 data[LINE_KEY] = encode_line(data)
                 sent.append(entry)
             else:
-                line = encode_line(data)
-                data.pop(DETAIL_KEY, None)
-                sent.append(plain_report(data, line))
+                detail = data.pop(DETAIL_KEY, None)
+                sent.append(plain_report(data, encode_line(data) if detail is None else encode_stamped(data, detail)))
         batch = self._last_batch = sent  # kept until the next poll: see sgd._worker.unsendable
         if finished and self._notes is not None:
             batch = batch + [(NOTE, self._notes)]
