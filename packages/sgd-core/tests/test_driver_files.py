@@ -40,6 +40,35 @@ def test_writes_and_reads_stay_inside_the_folders_the_driver_allowed(tmp_path):
     assert not (other / "f").exists()
 
 
+def test_a_request_waits_for_the_telling_of_its_runs_folders_and_only_for_that(tmp_path, monkeypatch):
+    """The driver starts a run without waiting for the server to be told of its folders: the
+    run's requests carry the telling's number and wait for it; other requests are refused at once."""
+    import threading
+
+    run, later = tmp_path / "run", tmp_path / "later"
+    server = DriverFileServer([str(run)])
+    monkeypatch.setattr(driver_files, "ALLOW_WAIT_S", 600.0)  # a wait it should not make would hang the test
+    with pytest.raises(PermissionError, match="outside"):
+        server.write(str(later / "f"), 0, b"x")  # told with no number: no telling to wait for
+    server.allow([str(later)], [], number=1)
+    with pytest.raises(PermissionError, match="outside"):
+        server.write(str(tmp_path / "f"), 0, b"x", told=1)  # its telling arrived: refused at once
+
+    # A request of the run told with number 2 that comes before that telling: it waits, then writes.
+    done = []
+    third = tmp_path / "third"
+    writer = threading.Thread(target=lambda: done.append(server.write(str(third / "f"), 0, b"xyz", told=2)))
+    writer.start()
+    server.allow([str(third)], [], number=2)
+    writer.join(60)
+    assert done == [3] and (third / "f.sgd-part").read_bytes() == b"xyz"
+
+    # One whose telling never comes is refused once the wait is over.
+    monkeypatch.setattr(driver_files, "ALLOW_WAIT_S", 0.05)
+    with pytest.raises(PermissionError, match="outside"):
+        server.write(str(tmp_path / "fourth" / "f"), 0, b"x", told=3)
+
+
 def test_a_file_appears_only_once_every_byte_arrived(tmp_path):
     server = DriverFileServer([str(tmp_path)])
     target = tmp_path / "sub" / "shard.distcp"

@@ -264,7 +264,7 @@ SENT_ONCE = ("driver_node_id", "driver_files")
 
 #: The worker context's fields that describe the run rather than the worker's place.
 _RUN_FIELDS = ("experiment_name", "trial_dir", "trial_name", "trial_id", "driver_node_id", "driver_files",
-               "local_gpus")
+               "driver_files_told", "local_gpus")
 
 
 def _rank_log(session: Session) -> Any:

@@ -73,6 +73,8 @@ class WorkerContext:
     driver_node_id: Optional[str] = None
     #: A ``DriverFileServer`` actor's handle, on runs with workers on other hosts.
     driver_files: Any = None
+    #: The number of the telling of this run's folders to that server (its requests wait for it).
+    driver_files_told: int = 0
 
 
 @public_module("sgd._worker.session")

@@ -39,7 +39,7 @@ class _DriverDisk:
         if server is None:
             raise RuntimeError("this run has no file server on the driver's host (its workers share the driver's "
                                "disk, or it has no run directory)")
-        return DriverFiles(server)
+        return DriverFiles(server, self.context.driver_files_told)
 
     @property
     def checkpoint_dir(self) -> Optional[str]:

@@ -298,11 +298,10 @@ class ActorGroup(_Placing, _InPlace):
         driver_node = ray.get_runtime_context().get_node_id()
         run_info: Dict[str, Any] = dict(request.run_info, driver_node_id=driver_node)
         # Workers on other hosts write the run directory (their checkpoints too) through it.
-        run_info["driver_files"] = self._inputs.file_server(request, wg, driver_node)
+        run_info["driver_files"], run_info["driver_files_told"] = self._inputs.file_server(request, wg, driver_node)
         with deaths_as_errors(wg, "starting the training function"):
             self.hook.sgd_backend_training_start(**self._hook_kwargs())
         wg.run_notes = []  # they told of the last run; this one tells its own when it ends cleanly
-        self._inputs.ready()  # told while the backend's calls went on
         self._request, self._run_info = request, run_info
         live = {w._actor_id for w in wg.workers}  # forget replaced workers (and the handles told them)
         self._sent_once = {a: told for a, told in self._sent_once.items() if a in live}

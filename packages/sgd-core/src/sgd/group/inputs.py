@@ -8,7 +8,7 @@ file server for every run of the group (each later run's folders are added to it
 from __future__ import annotations
 
 import contextlib
-from typing import Any, List, Optional, Set
+from typing import Any, List, Optional, Set, Tuple
 
 import ray
 
@@ -28,8 +28,8 @@ class RunInputs:
         # it serves so far ("w:" writable, "r:" readable)
         self._files: Any = None
         self._served: Set[str] = set()
-        # the call that tells the server of a new run's folders, until it returned (see ready)
-        self._allowing: Any = None
+        # how many times the server was told of new folders (the number of the last telling)
+        self._told = 0
 
     def shards(self, request: RunRequest, wg: WorkerGroup) -> Optional[List[Any]]:
         """The dataset split for the group's size: made once per run and size (a restarted
@@ -66,30 +66,24 @@ class RunInputs:
         if self._files is None and any(m.node_id != driver_node for m in wg.metadata):
             self._files = start_server(driver_node, [], [])
 
-    def file_server(self, request: RunRequest, wg: WorkerGroup, driver_node: str) -> Any:
+    def file_server(self, request: RunRequest, wg: WorkerGroup, driver_node: str) -> Tuple[Any, int]:
         """The file server on the driver's host when a worker's host is another one (a disk of
-        its own): started once per group, told of new folders only when a run needs them. The
-        telling is not waited for here: call :meth:`ready` before the workers may use them
-        (the driver's other calls of the run's start go on meanwhile)."""
+        its own): started once per group, told of new folders only when a run needs them; and
+        the number of the telling the run's requests wait for (the run starts without waiting
+        for it: see :mod:`sgd._worker.driver_files`)."""
         if self._files is None and all(m.node_id == driver_node for m in wg.metadata):
-            return None
+            return None, 0
         wanted = {*(f"w:{p}" for p in request.writable), *(f"r:{p}" for p in request.readable)}
         if self._files is None:
-            self._files = start_server(driver_node, list(request.writable), list(request.readable))
+            self._files, self._told = start_server(driver_node, list(request.writable), list(request.readable)), 0
         elif not wanted <= self._served:
-            self._allowing = self._files.allow.remote(list(request.writable), list(request.readable))
+            self._told += 1
+            self._files.allow.remote(list(request.writable), list(request.readable), self._told)
         self._served |= wanted
-        return self._files
-
-    def ready(self) -> None:
-        """Wait until the file server serves the folders :meth:`file_server` told it of."""
-        if self._allowing is not None:
-            allowing, self._allowing = self._allowing, None
-            ray.get(allowing)
+        return self._files, self._told
 
     def shutdown(self) -> None:
         self._shards = None
-        self._allowing = None
         if self._files is not None:
             files, self._files, self._served = self._files, None, set()
             with contextlib.suppress(Exception):
