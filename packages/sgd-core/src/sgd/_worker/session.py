@@ -109,7 +109,10 @@ class Session(_DriverDisk):
         self.dataset_shard = dataset_shard
         self._max_pending = max(1, max_pending)
 
-        self._cv = threading.Condition()
+        # The condition's own lock, for the report path: ``with self._lock`` is what ``with
+        # self._cv`` does, without two Python calls (every report takes it).
+        self._lock = threading.RLock()
+        self._cv = threading.Condition(self._lock)
         self._items: Deque[_Item] = deque()
         # Polls waiting for an item: a report wakes only those (a poll that lingers for the run's
         # end is woken by the end, not by each of the reports made meanwhile).
@@ -267,7 +270,7 @@ class Session(_DriverDisk):
         return self._notice
 
     def _put(self, item: _Item) -> None:
-        with self._cv:
+        with self._lock:
             if self._stopping:
                 raise RunStopped()
             while len(self._items) >= self._max_pending:
