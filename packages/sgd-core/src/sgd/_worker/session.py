@@ -113,7 +113,7 @@ class Session(_DriverDisk):
         # self._cv`` does, without two Python calls (every report takes it).
         self._lock = threading.RLock()
         self._cv = threading.Condition(self._lock)
-        self._items: Deque[_Item] = deque()
+        self._items: Deque[Any] = deque()  # _Item, or a plain report as it travels: (REPORT, metrics)
         # Polls waiting for an item: a report wakes only those (a poll that lingers for the run's
         # end is woken by the end, not by each of the reports made meanwhile).
         self._polls_waiting = 0
@@ -218,9 +218,6 @@ class Session(_DriverDisk):
 
     # --- called from the training thread ------------------------------------
 
-    def _autofill(self, metrics: Dict[str, Any]) -> Dict[str, Any]:
-        return self._fields.stamp(self._encode(metrics))  # sgd.report hands over a dict of its own: no copy
-
     def set_iteration(self, iteration: int) -> None:
         """The reports delivered so far, after the group re-formed (the next is one more)."""
         with self._cv:
@@ -287,9 +284,18 @@ class Session(_DriverDisk):
             self._await_notice_from()
         if self.resets.skips():
             return  # delivered before the group re-formed (sgd.elastic): a step redone
-        data = self._autofill(metrics)
+        data = self._fields.stamp(self._encode(metrics))  # sgd.report hands over a dict of its own: no copy
         if checkpoint is None:
-            self._put(_Item(REPORT, data))
+            # The common report, put as it travels (no _Item: it is never waited on, never urgent).
+            with self._lock:
+                if self._stopping:
+                    raise RunStopped()
+                while len(self._items) >= self._max_pending:
+                    self._wait()
+                self._items.append((REPORT, data))
+                # Only a poll waiting for an item wakes for it (a lingering one waits for the end).
+                if self._polls_waiting:
+                    self._cv.notify_all()
             self.resets.check()
             return
         # The checkpoint's content is taken now: the caller may delete its folder
@@ -431,6 +437,9 @@ class Session(_DriverDisk):
             batch: List[Item] = []
             while self._items and len(batch) < max_items:
                 item = self._items.popleft()
+                if type(item) is tuple:  # a plain report (see report)
+                    batch.append(item)
+                    continue
                 batch.append((item.kind, item.data))
                 if item.sync:
                     self._delivered_checkpoints.append(item)
