@@ -13,6 +13,18 @@ from typing import Any, Optional
 from sgd._worker.context import WorkerContext
 from sgd._worker.driver_files import DriverFiles
 
+_NODE_ID: Optional[str] = None
+
+
+def _own_node_id() -> str:
+    """The Ray node this worker process runs on (asked once: a process does not move)."""
+    global _NODE_ID
+    if _NODE_ID is None:
+        import ray
+
+        _NODE_ID = ray.get_runtime_context().get_node_id()
+    return _NODE_ID
+
 
 class _DriverDisk:
     """The driver's-disk part of :class:`sgd._worker.session.Session` (a mixin: it sets ``context``)."""
@@ -26,9 +38,7 @@ class _DriverDisk:
         disk through :attr:`driver_files`."""
         if self.context.driver_node_id is None:
             return True  # not started by a trainer (tests, local use): one host
-        import ray
-
-        return bool(ray.get_runtime_context().get_node_id() == self.context.driver_node_id)
+        return _own_node_id() == self.context.driver_node_id
 
     @property
     def driver_files(self) -> Any:
