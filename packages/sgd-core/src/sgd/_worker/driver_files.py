@@ -61,7 +61,7 @@ class DriverFileServer:
         self._readable = self._writable + [str(p) for p in readable]
         self._received: Dict[str, int] = {}  # bytes written per partial file (chunks arrive in any order)
         self._lock = threading.Lock()
-        self._told = threading.Condition(self._lock)
+        self._arrived = threading.Condition(self._lock)  # a telling arrived (see allow)
         self._allowed = 0  # the number of the last telling of folders that arrived (see allow)
 
     def allow(self, writable: Sequence[str], readable: Sequence[str] = (), number: int = 0) -> None:
@@ -77,7 +77,7 @@ class DriverFileServer:
                 if p not in self._readable:
                     self._readable.append(p)
             self._allowed = max(self._allowed, number)
-            self._told.notify_all()
+            self._arrived.notify_all()
 
     def _check(self, path: str, roots: List[str], what: str, told: int = 0) -> str:
         """``path`` resolved, inside ``roots``; a path outside them waits until the telling
@@ -87,7 +87,7 @@ class DriverFileServer:
         real = _inside(path, roots)
         if real is None and told > self._allowed:
             with self._lock:
-                self._told.wait_for(lambda: self._allowed >= told, ALLOW_WAIT_S)
+                self._arrived.wait_for(lambda: self._allowed >= told, ALLOW_WAIT_S)
             real = _inside(path, roots)
         if real is None:
             raise PermissionError(f"{what}: {path} is outside the folders this run may use on the driver's host "

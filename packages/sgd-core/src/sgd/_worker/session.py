@@ -266,14 +266,16 @@ class Session(_DriverDisk):
             return None
         return self._notice
 
-    def _put(self, item: _Item) -> None:
+    def _put(self, item: Any) -> None:
+        """Queue an :class:`_Item`, or a plain report as it travels, ``(REPORT, metrics)``: no
+        item object, as it is never waited on and never urgent (the common report)."""
         with self._lock:
             if self._stopping:
                 raise RunStopped()
             while len(self._items) >= self._max_pending:
                 self._wait()
             self._items.append(item)
-            urgent = item.sync or item.kind == ELASTIC
+            urgent = type(item) is not tuple and (item.sync or item.kind == ELASTIC)
             self._urgent = self._urgent or urgent
             # Only a poll waiting for an item wakes for a report (a lingering one waits for the end).
             if self._polls_waiting or (urgent and self._lingering):
@@ -286,16 +288,7 @@ class Session(_DriverDisk):
             return  # delivered before the group re-formed (sgd.elastic): a step redone
         data = self._fields.stamp(self._encode(metrics))  # sgd.report hands over a dict of its own: no copy
         if checkpoint is None:
-            # The common report, put as it travels (no _Item: it is never waited on, never urgent).
-            with self._lock:
-                if self._stopping:
-                    raise RunStopped()
-                while len(self._items) >= self._max_pending:
-                    self._wait()
-                self._items.append((REPORT, data))
-                # Only a poll waiting for an item wakes for it (a lingering one waits for the end).
-                if self._polls_waiting:
-                    self._cv.notify_all()
+            self._put((REPORT, data))
             self.resets.check()
             return
         # The checkpoint's content is taken now: the caller may delete its folder
