@@ -16,7 +16,6 @@ from sgd._common.protocol import (
     decode_items,
     decode_round,
     encode_line,
-    encode_stamped,
     plain_report,
 )
 
@@ -49,29 +48,46 @@ _VALUES = st.one_of(
 _NAMES = st.one_of(st.text(max_size=8), st.sampled_from(["_date", "_pid", "api_key", "password", "loss", "é"]))
 
 
+def _batch_and_lines(reports, whens):
+    """``ReportFields.lines`` of ``reports`` stamped at ``whens``, and what ``encode_line`` gives
+    each of them with its detailed values."""
+    from sgd._worker.report_fields import ReportFields
+
+    fields = ReportFields()
+    expected = [encode_line({**r, DETAIL_KEY: fields.detail(w)}) for r, w in zip(reports, whens)]
+    batch = [dict(r, **{DETAIL_KEY: w}) for r, w in zip(reports, whens)]
+    got = fields.lines(batch)
+    assert all(DETAIL_KEY not in r for r in batch)  # the time is taken out: it is in the text
+    return got, expected
+
+
 @settings(max_examples=400, deadline=None)
-@given(metrics=st.dictionaries(_NAMES, _VALUES, max_size=5),
-       total=st.one_of(st.floats(), st.integers()),
-       date=st.one_of(st.text(max_size=20), st.integers()),
-       host=st.text(max_size=6), shape=st.sampled_from(["stamped", "reordered", "short"]))
-def test_a_stamped_report_is_encoded_to_the_same_text_as_encode_line_gives(metrics, total, date, host, shape):
-    """The shortcut for a worker's plain report: the same bytes for anything, the common report
-    (plain values, sgd's five detailed values as stamped) and every other case it hands on."""
-    metrics = dict(metrics, _timestamp=1795800000, _time_this_iter_s=0.25, _training_iteration=3)
-    detail = {"_date": date, "_time_total_s": total, "_pid": 4242, "_hostname": host, "_node_ip": "10.0.0.7"}
-    if shape == "reordered":
-        detail = dict(reversed(list(detail.items())))
-    elif shape == "short":
-        del detail["_node_ip"]
-    assert encode_stamped(dict(metrics), detail) == encode_line({**metrics, DETAIL_KEY: detail})
+@given(batch=st.lists(st.dictionaries(_NAMES, _VALUES, max_size=5), min_size=1, max_size=4),
+       steps=st.lists(st.floats(min_value=0, max_value=2), min_size=4, max_size=4))
+def test_a_batch_of_reports_is_encoded_to_the_same_text_as_encode_line_gives_each(batch, steps):
+    """The one-encoder-call shortcut for a worker's batch of plain reports: the same bytes as each
+    report encoded on its own, for anything (nested values, NaN, secret keys, names that clash
+    with the detailed values, empty reports, a date that changes within the batch)."""
+    reports = [dict(metrics, _timestamp=1795800000, _time_this_iter_s=0.25, _training_iteration=i + 1)
+               if i % 2 == 0 else dict(metrics) for i, metrics in enumerate(batch)]
+    whens = [1795800000.5 + sum(steps[:i + 1]) for i in range(len(reports))]
+    got, expected = _batch_and_lines(reports, whens)
+    assert got == expected
 
 
-def test_the_common_report_takes_the_shortcut_and_reads_back_whole():
-    detail = {"_date": "2026-11-27_21-00-00", "_time_total_s": 1.5e-05, "_pid": 9, "_hostname": "vm",
-              "_node_ip": "1.2.3.4"}
-    line = encode_stamped({"loss": 0.1, "step": 2}, detail)
-    assert json.loads(line) == {"loss": 0.1, "step": 2, **detail}
-    assert line == encode_line({"loss": 0.1, "step": 2, DETAIL_KEY: detail})
+def test_the_common_batch_takes_the_shortcut_and_reads_back_whole(monkeypatch):
+    import sgd._worker.report_fields as fields_module
+
+    reports = [{"loss": 0.1 * i, "step": i, "name": 'a}, {"b'} for i in range(3)]
+    calls = []
+    monkeypatch.setattr(fields_module, "encode_line", lambda *a: calls.append(a) or encode_line(*a))
+    got, expected = _batch_and_lines(reports, [1795800000.25, 1795800000.75, 1795800001.5])
+    assert got == expected
+    assert len(calls) == 1  # not one per report: once, for the text of the values every report shares
+    rows = [json.loads(line) for line in got]
+    assert [row["name"] for row in rows] == ['a}, {"b'] * 3  # the row break inside a string is no break
+    assert rows[2]["_date"] != rows[0]["_date"] and rows[2]["_time_total_s"] > rows[0]["_time_total_s"]
+    assert [{k: row[k] for k in ("loss", "step")} for row in rows] == [{"loss": 0.1 * i, "step": i} for i in range(3)]
 
 
 def test_a_decoded_round_hands_out_plain_results_and_one_line():

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from sgd._common.json_values import finite, json_default
-from sgd.redact import is_clean_flat, redact
+from sgd.redact import are_clean_flat, is_clean_flat, redact
 
 REPORT = "report"
 CHECKPOINT = "checkpoint"
@@ -100,42 +100,27 @@ def encode_line(data: Dict[str, Any]) -> str:
     return json.dumps(finite(row), default=json_default)
 
 
-#: The text of the detailed values that follows the time, by (pid, host name, node IP): the same
-#: in every report a process makes. And the text before the time, by date (one a second).
-_DETAIL_TAILS: Dict[Tuple[Any, ...], str] = {}
-_DATE_TEXTS: Dict[Any, str] = {}
+#: Between two rows of one encoder call over several flat rows: ``}, {"`` occurs nowhere inside a
+#: row of plain values (a ``"`` inside a JSON string is always escaped), so it splits them exactly.
+_ROW_BREAK = '}, {"'
 
 
-def encode_stamped(metrics: Dict[str, Any], detail: Dict[str, Any]) -> str:
-    """The text :func:`encode_line` makes of ``metrics`` with ``detail`` under
-    :data:`DETAIL_KEY` (a plain report as a worker stamped it, its detail taken out), the same
-    to the byte, made cheaper for the common report: one encoder call for the metrics, and the
-    detailed values joined on as text (of the five, only the time changes from one report to the
-    next, and the date once a second). Anything else (a value that is not plain, a metric that
-    shares a name with a detailed value, a detail of another shape) goes through
-    :func:`encode_line`. Never raises."""
-    total = detail.get("_time_total_s")
-    if (_FLAT_JSON is not None and type(total) is float and total - total == 0.0  # finite
-            and tuple(detail) == DETAILED_AUTOFILLED_KEYS and metrics.keys().isdisjoint(detail)
-            and is_clean_flat(metrics)):
-        try:
-            head = "".join(_FLAT_JSON(metrics, 0))
-            date, _, pid, host, ip = detail.values()
-            before = _DATE_TEXTS.get(date)
-            if before is None:
-                if len(_DATE_TEXTS) > 8:
-                    _DATE_TEXTS.clear()
-                before = _DATE_TEXTS[date] = f', "_date": {"".join(_FLAT_JSON(date, 0))}, "_time_total_s": '
-            tail = _DETAIL_TAILS.get((pid, host, ip))
-            if tail is None:
-                tail = _DETAIL_TAILS[(pid, host, ip)] = "".join(
-                    f', "{key}": {"".join(_FLAT_JSON(value, 0))}' for key, value in
-                    (("_pid", pid), ("_hostname", host), ("_node_ip", ip))) + "}"
-            if len(head) > 2:  # not "{}"
-                return f"{head[:-1]}{before}{total!r}{tail}"
-        except (ValueError, TypeError):  # a value JSON cannot hold as it is: below
-            pass
-    return encode_line({**metrics, DETAIL_KEY: detail})
+def encode_heads(rows: List[Dict[str, Any]]) -> Optional[List[str]]:
+    """What :func:`encode_line` makes of each of ``rows`` (reports with none of the wire keys),
+    each without its closing brace, so that more values can be joined on as text; from one
+    encoder call for all of them (per row, the call costs as much as the encoding). ``None``
+    unless every row is the common report: not empty, no key that names a secret, only plain
+    values, floats JSON can hold. Never raises."""
+    if _FLAT_JSON is None or not rows or not all(rows) or not are_clean_flat(rows):
+        return None
+    try:
+        text = "".join(_FLAT_JSON(rows, 0))
+    except (ValueError, TypeError):  # a float that is not finite, a key JSON cannot hold
+        return None
+    pieces = text[3:-2].split(_ROW_BREAK)  # the list's '[{"' and '}]' off
+    if len(pieces) != len(rows):
+        return None
+    return ['{"' + piece for piece in pieces]
 
 
 #: The switch, under sgd's name and Ray Train 1.x's.

@@ -2,18 +2,22 @@
 
 ``_training_iteration``, ``_timestamp`` and ``_time_this_iter_s`` show in every result; the
 detailed fields (:data:`sgd._common.protocol.DETAILED_AUTOFILLED_KEYS`: date, total time, pid,
-host name, node IP) always travel, under :data:`~sgd._common.protocol.DETAIL_KEY`, and the
-driver decides per round whether to hand them on (so the switch works when set late).
+host name, node IP) are in every report's ``results.jsonl`` text, and travel on their own with a
+report that carries a checkpoint (under :data:`~sgd._common.protocol.DETAIL_KEY`); the driver
+decides per round whether to hand them on (so the switch works when set late). Until a report is
+encoded, :data:`~sgd._common.protocol.DETAIL_KEY` holds only its time: the other four follow from
+it and from the process.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
-from sgd._common.protocol import DETAIL_KEY
+from sgd._common.protocol import DETAIL_KEY, DETAILED_AUTOFILLED_KEYS, encode_heads, encode_line
 
 _HOSTNAME = socket.gethostname()
 _node_ip_cache: Optional[str] = None
@@ -40,21 +44,62 @@ class ReportFields:
         self._start_time = time.time()
         self._last_report_time = self._start_time
         self._date_second = -1
-        self._date = ""
+        self._date_text = ""
         self._pid = os.getpid()
+        self._befores: Dict[int, str] = {}  # by second
+        self._tail_text: Optional[str] = None
 
     def stamp(self, out: Dict[str, Any]) -> Dict[str, Any]:
-        """Count one report and add sgd's fields to ``out`` (the report's own dict); returns it."""
+        """Count one report and add sgd's fields to ``out`` (the report's own dict); returns it.
+        The report's time goes under :data:`~sgd._common.protocol.DETAIL_KEY`, for :meth:`lines`
+        (or :meth:`detail`)."""
         now = time.time()
         self.iteration += 1
         out["_timestamp"] = int(now)
         out["_time_this_iter_s"] = now - self._last_report_time
         out["_training_iteration"] = self.iteration
-        second = int(now)
+        out[DETAIL_KEY] = self._last_report_time = now
+        return out
+
+    def detail(self, when: float) -> Dict[str, Any]:
+        """The detailed autofilled values of a report stamped at ``when``."""
+        return {"_date": self._date(when), "_time_total_s": when - self._start_time, "_pid": self._pid,
+                "_hostname": _HOSTNAME, "_node_ip": _node_ip()}
+
+    def lines(self, reports: List[Dict[str, Any]]) -> List[str]:
+        """Each report's ``results.jsonl`` text (:func:`~sgd._common.protocol.encode_line` of it
+        with its detailed values), its time taken out of it. The common batch (plain values)
+        costs one encoder call, the detailed values joined on as text: of the five only the time
+        changes from one report to the next, and the date once a second."""
+        whens = [report.pop(DETAIL_KEY, None) for report in reports]
+        heads = encode_heads(reports) if None not in whens else None
+        if heads is None or not _DETAIL_NAMES.isdisjoint(set().union(*reports)):
+            return [encode_line(report if when is None else {**report, DETAIL_KEY: self.detail(when)})
+                    for report, when in zip(reports, whens)]
+        start, tail, befores = self._start_time, self._tail(), self._befores
+        return [f"{head}{befores.get(int(when)) or self._before(when)}{when - start!r}{tail}"
+                for head, when in zip(heads, whens)]
+
+    def _date(self, when: float) -> str:
+        second = int(when)
         if second != self._date_second:  # the date string changes once a second
             self._date_second = second
-            self._date = time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(now))
-        out[DETAIL_KEY] = {"_date": self._date, "_time_total_s": now - self._start_time, "_pid": self._pid,
-                           "_hostname": _HOSTNAME, "_node_ip": _node_ip()}
-        self._last_report_time = now
-        return out
+            self._date_text = time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(when))
+        return self._date_text
+
+    def _before(self, when: float) -> str:
+        """The text between a report's own values and its total time: its date's."""
+        if len(self._befores) > 8:
+            self._befores.clear()
+        text = self._befores[int(when)] = f', "_date": {json.dumps(self._date(when))}, "_time_total_s": '
+        return text
+
+    def _tail(self) -> str:
+        """The text after a report's total time: the values that are the same in every report."""
+        if self._tail_text is None:
+            self._tail_text = encode_line({"_pid": self._pid, "_hostname": _HOSTNAME, "_node_ip": _node_ip()})
+            self._tail_text = ", " + self._tail_text[1:]
+        return self._tail_text
+
+
+_DETAIL_NAMES = frozenset(DETAILED_AUTOFILLED_KEYS)

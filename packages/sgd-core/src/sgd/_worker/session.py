@@ -27,6 +27,8 @@ import threading
 import time
 import traceback
 from collections import deque
+from itertools import repeat
+from operator import itemgetter
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 from sgd._common.protocol import (
@@ -43,7 +45,6 @@ from sgd._common.protocol import (
     RemoteError,
     WrittenCheckpoint,
     encode_line,
-    encode_stamped,
     plain_report,
 )
 from sgd._common.run_hooks import run_end_hooks, run_error_hooks, run_in_contexts
@@ -56,6 +57,8 @@ from sgd._worker.report_fields import ReportFields
 from sgd._worker.resets import ResetLink
 from sgd.checkpoint import Checkpoint
 from sgd.errors import PeerFailureError, PicklableError
+
+_METRICS = itemgetter(1)
 
 #: How many items a worker may buffer ahead of the driver before ``report`` blocks.
 DEFAULT_MAX_PENDING = int(os.environ.get("SGD_MAX_PENDING_RESULTS", "1024"))
@@ -427,13 +430,18 @@ class Session(_DriverDisk):
                 finally:
                     self._lingering = False
             self._urgent = False
-            batch: List[Item] = []
-            while self._items and len(batch) < max_items:
-                item = self._items.popleft()
+            items = self._items
+            plain: List[Dict[str, Any]] = []  # the batch's metrics when it holds only plain reports
+            batch: List[Any] = []
+            if len(items) <= max_items and _Item not in map(type, items):
+                plain = list(map(_METRICS, items))  # the common batch: every report queued
+                items.clear()
+            while items and len(batch) < max_items:
+                item = items.popleft()
                 if type(item) is tuple:  # a plain report (see report)
                     batch.append(item)
                     continue
-                batch.append((item.kind, item.data))
+                batch.append(item)
                 if item.sync:
                     self._delivered_checkpoints.append(item)
                     break
@@ -442,22 +450,28 @@ class Session(_DriverDisk):
             log = self._output.take()
         # Each report's results.jsonl text is encoded here, in the worker (outside the lock, so
         # the training thread goes on reporting), so that the driver's work per round does not
-        # grow with the values every worker reports (issue 20).
+        # grow with the values every worker reports (issue 20); a batch of plain reports with one
+        # encoder call (ReportFields.lines).
         # The detailed values are in that text; they travel on their own only with a checkpoint
         # (the manager files them with it): the driver reads them back from the text when asked.
         # A plain report travels as (REPORT, metrics, text) (sgd._common.protocol): the driver
         # lines a round up without touching its dicts. One with a checkpoint keeps its parts in it.
-        sent: List[Item] = []
-        for entry in batch:
-            kind, data = entry
-            if kind != REPORT or LINE_KEY in data:
-                sent.append(entry)
-            elif CHECKPOINT_KEY in data:
-                data[LINE_KEY] = encode_line(data)
-                sent.append(entry)
-            else:
-                detail = data.pop(DETAIL_KEY, None)
-                sent.append(plain_report(data, encode_line(data) if detail is None else encode_stamped(data, detail)))
+        if plain:
+            sent: List[Item] = list(zip(repeat(REPORT), plain, self._fields.lines(plain)))
+        else:
+            sent = []
+            texts = iter(self._fields.lines([entry[1] for entry in batch if type(entry) is tuple]))
+            for entry in batch:
+                if type(entry) is tuple:
+                    sent.append(plain_report(entry[1], next(texts)))
+                    continue
+                kind, data = entry.kind, entry.data
+                if kind == REPORT and isinstance(data, dict) and LINE_KEY not in data:
+                    when = data.get(DETAIL_KEY)
+                    if when is not None:
+                        data[DETAIL_KEY] = self._fields.detail(when)
+                    data[LINE_KEY] = encode_line(data)
+                sent.append((kind, data))
         batch = self._last_batch = sent  # kept until the next poll: see sgd._worker.unsendable
         if finished and self._notes is not None:
             batch = batch + [(NOTE, self._notes)]
