@@ -117,3 +117,45 @@ def test_stopping_in_the_middle_of_a_burst_drops_the_rounds_not_yet_delivered(tm
     assert run.next() is None and run.state is RunState.STOPPED
     assert seen.rounds == [[3.0, 3.0]]
     assert _lines(tmp_path / "run_001") == [3.0]
+
+
+def test_each_round_reaches_the_callbacks_and_a_plugins_wrapper_with_core_alone_called_directly(tmp_path):
+    """With sgd-core's implementation of ``sgd_handle_result`` the only one, the controller calls
+    it without pluggy's machinery (once per round: a cost per report); a plugin's implementation,
+    a wrapper too, is called as pluggy calls it, and core's still hands the round on."""
+    import sgd
+    from sgd.plugins.manager import core_only
+    from sgd.plugins.registry import get_plugin_manager
+
+    class Seen(sgd.TrainingCallback):
+        def __init__(self):
+            self.rounds = []
+
+        def handle_result(self, results, **info):
+            self.rounds.append([r["step"] for r in results])
+
+    pm = get_plugin_manager()
+    assert core_only(pm.hook.sgd_handle_result) is not None
+    wrapped = []
+
+    class Wrapper:
+        @sgd.hookimpl(wrapper=True)
+        def sgd_handle_result(self, results):
+            wrapped.append(results[0]["step"])
+            return (yield)
+
+    for plugin in (None, Wrapper()):
+        if plugin is not None:
+            pm.register(plugin)
+        try:
+            assert (core_only(pm.hook.sgd_handle_result) is None) is (plugin is not None)
+            seen = Seen()
+            group = FakeGroup(num_workers=2, hook=pm.hook)
+            group.report({"step": 1}, {"step": 1}).report({"step": 2}, {"step": 2}).finish()
+            run = fake_trainer_run(group, tmp_path / str(plugin is None), callbacks=[seen])
+            assert len(rounds_of(run)) == 2
+            assert seen.rounds == [[1, 1], [2, 2]]
+        finally:
+            if plugin is not None:
+                pm.unregister(plugin)
+    assert wrapped == [1, 2]

@@ -179,5 +179,8 @@ def _prepare_run() -> None:
     _reset_run_state()
     from sgd_torch.train_loop_utils import get_device
 
-    # Hugging Face Accelerate reads the device from here (Ray Train sets it too).
-    os.environ["ACCELERATE_TORCH_DEVICE"] = str(get_device())
+    # Hugging Face Accelerate reads the device from here (Ray Train sets it too); set only when
+    # it changes (each setting is a call into the C library's environment, every run).
+    device = str(get_device())
+    if os.environ.get("ACCELERATE_TORCH_DEVICE") != device:
+        os.environ["ACCELERATE_TORCH_DEVICE"] = device

@@ -134,13 +134,14 @@ class WorkerMixin:
     def _sgd_start_training(
         self,
         request: Any,
-        dataset_shard: Any = None,
         run_info: Optional[Dict[str, Any]] = None,
+        dataset_shard: Any = None,
         join: Optional[Resume] = None,
         snapshot: Any = None,
     ) -> Any:
         """Start a run: ``request`` is a :class:`~sgd._common.protocol.StartRequest`, pickled
-        (bytes) as the driver sends it to many workers at once.
+        (bytes) as the driver sends it to many workers at once. A run without a dataset leaves
+        ``dataset_shard`` out of the call (Ray serialises every argument passed, ``None`` too).
 
         ``join`` (with the root's ``snapshot``): this worker joins a run that re-formed its group
         in place (:mod:`sgd.elastic`). Returns the run's first poll reply when the request asks

@@ -46,8 +46,6 @@ class ReportFields:
         self._date_second = -1
         self._date_text = ""
         self._pid = os.getpid()
-        self._befores: Dict[int, str] = {}  # by second
-        self._tail_text: Optional[str] = None
 
     def stamp(self, out: Dict[str, Any]) -> Dict[str, Any]:
         """Count one report and add sgd's fields to ``out`` (the report's own dict); returns it.
@@ -76,7 +74,7 @@ class ReportFields:
         if heads is None or not _DETAIL_NAMES.isdisjoint(set().union(*reports)):
             return [encode_line(report if when is None else {**report, DETAIL_KEY: self.detail(when)})
                     for report, when in zip(reports, whens)]
-        start, tail, befores = self._start_time, self._tail(), self._befores
+        start, tail, befores = self._start_time, self._tail(), _BEFORES
         return [f"{head}{befores.get(int(when)) or self._before(when)}{when - start!r}{tail}"
                 for head, when in zip(heads, whens)]
 
@@ -89,17 +87,24 @@ class ReportFields:
 
     def _before(self, when: float) -> str:
         """The text between a report's own values and its total time: its date's."""
-        if len(self._befores) > 8:
-            self._befores.clear()
-        text = self._befores[int(when)] = f', "_date": {json.dumps(self._date(when))}, "_time_total_s": '
+        if len(_BEFORES) > 8:
+            _BEFORES.clear()
+        text = _BEFORES[int(when)] = f', "_date": {json.dumps(self._date(when))}, "_time_total_s": '
         return text
 
     def _tail(self) -> str:
-        """The text after a report's total time: the values that are the same in every report."""
-        if self._tail_text is None:
-            self._tail_text = encode_line({"_pid": self._pid, "_hostname": _HOSTNAME, "_node_ip": _node_ip()})
-            self._tail_text = ", " + self._tail_text[1:]
-        return self._tail_text
+        """The text after a report's total time: the values that are the same in every report
+        this process makes."""
+        tail = _TAILS.get(self._pid)
+        if tail is None:
+            tail = _TAILS[self._pid] = ", " + encode_line(
+                {"_pid": self._pid, "_hostname": _HOSTNAME, "_node_ip": _node_ip()})[1:]
+        return tail
 
 
+#: What :meth:`ReportFields.lines` joins on, kept for the process (made once, not once per run):
+#: the text of the values every report shares (by pid: a forked child is another process), and the
+#: date's text by second.
+_TAILS: Dict[int, str] = {}
+_BEFORES: Dict[int, str] = {}
 _DETAIL_NAMES = frozenset(DETAILED_AUTOFILLED_KEYS)

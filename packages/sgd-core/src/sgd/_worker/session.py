@@ -143,9 +143,10 @@ class Session(_DriverDisk):
         self._notice: Any = None
         self._notice_from: Optional[int] = None
         self._thread = threading.Thread(target=self._run, name="sgd-train", daemon=True)
-        # Set once the thread is started: the driver's watch (another of the actor's threads) may
-        # join a session the start call made but has not started yet (a peer failed at once).
-        self._started = threading.Event()
+        # Set once the thread is started (under the lock): the driver's watch (another of the
+        # actor's threads) may join a session the start call made but has not started yet (a peer
+        # failed at once).
+        self._started = False
         #: in-place recovery (:mod:`sgd.elastic`): the reset barrier and the keys of the items
         #: sent; ``reforms``: whether the run's backend can re-form the group in place.
         self.resets = ResetLink(self._cv, lambda kind, data: self._put(_Item(kind, data)), reforms)
@@ -154,7 +155,9 @@ class Session(_DriverDisk):
 
     def start(self) -> None:
         self._thread.start()
-        self._started.set()
+        with self._lock:
+            self._started = True
+            self._cv.notify_all()
 
     def _run(self) -> None:
         result, error = None, None
@@ -496,14 +499,17 @@ class Session(_DriverDisk):
 
     def join(self) -> None:
         """Wait for the training thread to start (the start call is on its way) and to end."""
-        self._started.wait()
+        with self._lock:
+            while not self._started:
+                self._cv.wait()
         self._thread.join()
 
     def join_for(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for the training thread to start and end; whether it did."""
         deadline = time.monotonic() + timeout_s
-        if not self._started.wait(timeout_s):
-            return False
+        with self._lock:
+            if not self._cv.wait_for(lambda: self._started, timeout_s):
+                return False
         self._thread.join(max(0.0, deadline - time.monotonic()))
         return not self._thread.is_alive()
 

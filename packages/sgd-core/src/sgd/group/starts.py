@@ -87,10 +87,13 @@ def start_calls(wg: WorkerGroup, ranks: List[int], request: RunRequest, backend_
         else:
             info = run_info
             sent_once[worker._actor_id] = once
-        if args.join is None:
-            refs.append(worker._sgd_start_training.remote(form, args.shards[rank], info))
+        shard = args.shards[rank]
+        if args.join is not None:
+            refs.append(worker._sgd_start_training.remote(form, info, shard, args.join, args.snapshot))
+        elif shard is not None:
+            refs.append(worker._sgd_start_training.remote(form, info, shard))
         else:
-            refs.append(worker._sgd_start_training.remote(form, args.shards[rank], info, args.join, args.snapshot))
+            refs.append(worker._sgd_start_training.remote(form, info))
     return refs
 
 

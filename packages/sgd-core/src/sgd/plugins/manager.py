@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import difflib
 import weakref
-from typing import Any, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
 
 import pluggy
 
@@ -48,6 +48,16 @@ class PluginWrapperError(PicklableError, RuntimeError):
 
 def is_wrapper(impl: Any) -> bool:
     return bool(impl.wrapper or impl.hookwrapper)
+
+
+def core_only(caller: Any) -> Optional[Callable[..., Any]]:
+    """sgd-core's own implementation of the hook ``caller`` when it is the hook's only one (no
+    plugin implements it, no wrapper), else ``None``. Calling it is what calling the hook does,
+    without pluggy's machinery around the call: for the hooks called once per report round."""
+    impls = caller.get_hookimpls()
+    if len(impls) == 1 and impls[0].plugin is builtin and not is_wrapper(impls[0]):
+        return impls[0].function  # type: ignore[no-any-return]
+    return None
 
 
 def display_name(plugin: object) -> str:

@@ -39,6 +39,7 @@ from sgd._common.protocol import Round
 from sgd.checkpoint import SHARDED_KEY
 from sgd.group.protocol import RunGroup
 from sgd.group.status import Poll, PollKind
+from sgd.plugins.manager import core_only
 from sgd.run.delivery import Delivery
 from sgd.run.health import STACKS_CHECK_INTERVAL_S, answer_stacks_request, hang_error
 from sgd.run.policies import ClusterView, Failure, FailurePolicy, Raise, Resize, ScalingPolicy, Wait
@@ -342,7 +343,9 @@ class ActiveRun(_Recovery):
 
     def _hand_out(self, results: List[Dict[str, Any]]) -> None:
         # The plugins' implementations, then sgd-core's, which hands the round to the callbacks.
-        self._hook.sgd_handle_result(results=results, run_info=self._run_info)
+        hook = self._hook.sgd_handle_result
+        hook = core_only(hook) or hook
+        hook(results=results, run_info=self._run_info)
 
     def checkpoint_for(self, iteration: int) -> Optional[Path]:
         """The kept checkpoint filed under report ``iteration`` (see :meth:`Delivery.file_under`)."""
