@@ -180,7 +180,26 @@ def _prepare_run() -> None:
     from sgd_torch.train_loop_utils import get_device
 
     # Hugging Face Accelerate reads the device from here (Ray Train sets it too); set only when
-    # it changes (each setting is a call into the C library's environment, every run).
-    device = str(get_device())
+    # it changes (each setting is a call into the C library's environment, every run). What the
+    # device follows from is asked for first: the same as at the last run, the same device.
+    global _DEVICE_FOR
+    inputs = (os.environ.get("SGD_OWN_GPU_IDS"), os.environ.get("CUDA_VISIBLE_DEVICES"), _local_gpus())
+    if _DEVICE_FOR is not None and _DEVICE_FOR[0] == inputs:
+        device = _DEVICE_FOR[1]
+    else:
+        device = str(get_device())
+        _DEVICE_FOR = (inputs, device)
     if os.environ.get("ACCELERATE_TORCH_DEVICE") != device:
         os.environ["ACCELERATE_TORCH_DEVICE"] = device
+
+
+#: (what the worker's device follows from, the device) at the last run: see _prepare_run.
+_DEVICE_FOR: Optional[Tuple[Any, str]] = None
+
+
+def _local_gpus() -> Any:
+    """The run's own GPUs in local mode (``num_workers=0``), else ``None``."""
+    from sgd_torch.train_loop_utils import _current_run
+
+    run = _current_run()
+    return None if run is None or run.context.local_gpus is None else tuple(run.context.local_gpus)

@@ -66,6 +66,9 @@ def run_in_contexts(fn: Callable[[], Any]) -> Any:
     """``fn()`` inside every registered run context (the first registered is the outermost)."""
     if not RUN_CONTEXTS:
         return fn()
+    if len(RUN_CONTEXTS) == 1:  # the common case (one backend's): no stack to make
+        with RUN_CONTEXTS[0]():
+            return fn()
     with ExitStack() as stack:
         for context in list(RUN_CONTEXTS):
             stack.enter_context(context())

@@ -108,9 +108,9 @@ class ResetLink:
 
     def skips(self) -> bool:
         """Count the item about to be sent; whether it was delivered before a reset (skip it)."""
-        key = self.next_key()
         self._since += 1
-        return key <= self._skip_through
+        # (called at every report: no key is made while nothing was delivered before a reset)
+        return self._skip_through != (0, 0) and (self.commits, self._since) <= self._skip_through
 
     @property
     def sent(self) -> Key:
