@@ -46,8 +46,6 @@ class Delivery:
         self._save_then_report: Optional[bool] = None
         #: asynchronously written checkpoints announced, not yet complete: (payload, iteration)
         self._pending: List[Tuple[WrittenCheckpoint, int]] = []
-        self._bursting = False  # the last round delivered was not its burst's last
-        self._detailed = False  # the detailed metrics are handed on (read at a burst's first round)
 
     def restarted(self, start_iteration: int) -> None:
         """New workers start counting after ``start_iteration``; the old ones' background
@@ -97,12 +95,7 @@ class Delivery:
             manager.register(Path(written.path), metrics, iteration, metrics=metrics,
                              shards=[Path(c.path) for _, c in others])
             self._after_checkpoint()
-        # Persisted above in full; handed on only when asked for, as the switch reads when the
-        # round came (a burst's rounds came together: read once for them, at its first).
-        if not self._bursting:
-            self._detailed = detailed_metrics_enabled()
-        self._bursting = not flush
-        if self._detailed:
+        if detailed_metrics_enabled():  # persisted above in full; handed on only when asked for
             round_.add_details()
         self._hand_out(results)
         return results
