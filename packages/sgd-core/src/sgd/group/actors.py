@@ -243,7 +243,9 @@ class ActorGroup(_Placing, _InPlace):
                 elastic = self.min_workers != self.max_workers
                 count = size if size is not None else self.room() if elastic else None
                 old.stop_actors()
-                old.shutdown(patience_s=0)
+                # Not waiting for Ray to show the reservation free: what fits was counted above,
+                # and a lost host's bundles never show free again (that wait took its 2 s whole).
+                old.shutdown(patience_s=0, await_freed=False)
                 self.worker_group = self._new_worker_group(restarting=True, count=count)
                 self.worker_group.backend = self.backend
                 self.worker_group.add_shutdown_hook(self._teardown)

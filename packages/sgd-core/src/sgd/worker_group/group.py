@@ -347,15 +347,18 @@ class WorkerGroup(_Reservation, _Calls):
         self.contexts = contexts
         ray.get([w._sgd_set_context.remote(c) for w, c in zip(self.workers, contexts)])
 
-    def shutdown(self, patience_s: float = 5, *, keep: bool = True) -> None:
+    def shutdown(self, patience_s: float = 5, *, keep: bool = True, await_freed: bool = True) -> None:
         """Stop the actors and release their resources. Safe to call twice.
 
         Actors get ``patience_s`` seconds to exit on their own before they are killed. A group
         its owner tagged, with :func:`sgd.keep_workers` on, parks its processes for the next
         group instead (``keep=False``: never; its owner knows they are not clean).
+        ``await_freed``: return only once Ray's resource view shows the reservation free (at
+        most 2 s), for a caller that counts free resources next; ``False`` for one that counted
+        before (a restart), since the bundles of a lost host never show free again.
         """
         if not self.workers:
-            self._release()
+            self._release(await_freed)
             return
         clean = keep
         for hook in list(self._shutdown_hooks):
@@ -371,7 +374,7 @@ class WorkerGroup(_Reservation, _Calls):
             park(self._kept, workers, [m.node_id for m in self.metadata], patience_s)
         else:
             self.stop_actors(patience_s)
-        self._release()
+        self._release(await_freed)
 
     def stop_actors(self, patience_s: float = 0) -> None:
         """Stop the actors but keep the resource reservation; :meth:`restart_actors` starts new ones."""

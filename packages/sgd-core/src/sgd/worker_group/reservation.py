@@ -145,15 +145,19 @@ class _Reservation:
             except Exception:  # the cluster may already be gone
                 logger.debug("could not remove placement group", exc_info=True)
 
-    def _release(self) -> None:
-        # Only our own reservations: the caller's or an enclosing one is theirs to remove.
+    def _release(self, await_freed: bool = True) -> None:
+        """Remove this group's own reservations (the caller's or an enclosing one is theirs to
+        remove); with ``await_freed``, return once Ray's resource view shows them free
+        (:func:`_await_freed`)."""
         pgs, self._own_pgs, self._slots, self._spare = self._own_pgs, [], [], []
         if not pgs:
             return
-        try:
-            before = ray.available_resources()
-        except Exception:  # the cluster may already be gone
-            before = None
+        before = None
+        if await_freed:
+            try:
+                before = ray.available_resources()
+            except Exception:  # the cluster may already be gone
+                before = None
         for pg in pgs:
             try:
                 remove_placement_group(pg)
