@@ -441,11 +441,8 @@ class Session(_DriverDisk):
                 items.clear()
             while items and len(batch) < max_items:
                 item = items.popleft()
-                if type(item) is tuple:  # a plain report (see report)
-                    batch.append(item)
-                    continue
                 batch.append(item)
-                if item.sync:
+                if type(item) is not tuple and item.sync:  # a tuple: a plain report (see report)
                     self._delivered_checkpoints.append(item)
                     break
             self._cv.notify_all()
@@ -500,8 +497,7 @@ class Session(_DriverDisk):
     def join(self) -> None:
         """Wait for the training thread to start (the start call is on its way) and to end."""
         with self._lock:
-            while not self._started:
-                self._cv.wait()
+            self._cv.wait_for(lambda: self._started)
         self._thread.join()
 
     def join_for(self, timeout_s: float) -> bool:
