@@ -103,9 +103,6 @@ class ResetLink:
 
     # --- the training thread -------------------------------------------------------------------
 
-    def next_key(self) -> Key:
-        return (self.commits, self._since + 1)
-
     def skips(self) -> bool:
         """Count the item about to be sent; whether it was delivered before a reset (skip it)."""
         self._since += 1
