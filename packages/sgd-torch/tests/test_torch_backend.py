@@ -401,6 +401,32 @@ def test_after_an_error_mid_collective_the_next_run_has_the_same_processes_and_a
     assert trainer.run(pid_and_all_reduce) == before == [(before[0][0], 3.0), (before[1][0], 3.0)]
 
 
+def test_a_failed_run_releases_its_peers_also_while_something_still_holds_the_process_group(
+        trainer, monkeypatch):
+    """The group's connections are shut down on a failure, not left to close when the group is
+    freed: here both ranks keep the group referenced (as an FSDP model's cached device mesh
+    does), and rank 0's all_reduce still fails at once, so the processes are kept."""
+    from sgd.group import actors
+
+    monkeypatch.setattr(actors, "FAILED_RUN_PATIENCE_S", 30.0)
+
+    def pid():
+        return os.getpid()
+
+    def holds_the_group_and_fails():
+        import torch.distributed as dist
+
+        torch._held_by_an_sgd_test = dist.group.WORLD  # a reference that outlives the run
+        if sgd.world_rank() == 1:
+            raise RuntimeError("rank 1 broke while holding the group")
+        dist.all_reduce(torch.ones(1))
+
+    before = trainer.run(pid)
+    with pytest.raises(RuntimeError, match="rank 1 broke"):
+        trainer.run(holds_the_group_and_fails)
+    assert trainer.run(pid) == before
+
+
 def test_teardown_destroys_process_group(ray_cluster):
     from sgd_torch import TorchBackend
 

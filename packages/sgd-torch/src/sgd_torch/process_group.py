@@ -39,7 +39,7 @@ def _init_process_group(backend: str, init_method: str, rank: int, world_size: i
     )
     on_worker_interrupt(_interrupt_process_group)
     if release_on_error:
-        on_worker_run_error(_destroy_process_group)
+        on_worker_run_error(_release_process_group)
     # Every run starts fresh on its own (no call from the driver), and says at its end whether
     # it left the group in place: the driver asks the workers before a run only when one did not.
     on_worker_run(_fresh_run)
@@ -144,22 +144,30 @@ def _reset_run_state() -> None:
     if torch.are_deterministic_algorithms_enabled() != deterministic:
         # Only when it changed: each call (torch 2.13) leaves references to the default
         # process group behind, which then outlives destroy_process_group (its connections
-        # stay open: see _destroy_process_group).
+        # stay open: see _release_process_group).
         torch.use_deterministic_algorithms(deterministic)
     torch.backends.cudnn.benchmark = benchmark
 
 
-def _destroy_process_group() -> None:
-    """Also run, for gloo, when a training function raised (``on_worker_run_error``): the
-    group's connections close, so a peer blocked in a collective with this worker fails at
-    once instead of at the timeout, and the failure spreads through the group (a worker that
-    died closes its connections; a survivor next to it fails and closes its own...). The
-    survivors' runs end within milliseconds: they are kept (``keeps_survivors``).
+def _release_process_group() -> None:
+    """Run, for gloo, when a training function raised (``on_worker_run_error``): shut the
+    group's connections down, then destroy it. A peer blocked in a collective with this worker
+    fails at once instead of at the timeout, and the failure spreads through the group (a
+    survivor next to the failed worker fails and releases its own...). The survivors' runs end
+    within milliseconds: they are kept (``keeps_survivors``).
 
-    The connections close only when nothing refers to the group any more. Calling
-    ``torch.use_deterministic_algorithms`` after the group exists leaves references behind
-    (torch 2.13); then a survivor that does not neighbour the dead worker in a collective
-    waits until it is replaced (``SGD_SURVIVOR_PATIENCE_S``)."""
+    Destroying the group alone closes its connections only when nothing refers to it any more,
+    and much does: an FSDP model's device mesh (torch caches meshes for the process), a DDP
+    model kept in a global, a failed step's frames, ``torch.use_deterministic_algorithms``
+    called after the group exists (torch 2.13). Then the peer waited in its collective until it
+    was replaced. Shutting the connections down does not depend on who still holds the group."""
+    _interrupt_process_group()
+    _destroy_process_group()
+
+
+def _destroy_process_group() -> None:
+    """Destroy this worker's default process group, if there is one (the group's connections
+    close once nothing else refers to it: see :func:`_release_process_group`)."""
     if "torch" not in sys.modules:
         return
     import torch.distributed as dist
