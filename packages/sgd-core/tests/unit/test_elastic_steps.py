@@ -52,7 +52,7 @@ def test_a_failed_reform_falls_back_to_a_restart_from_the_checkpoint_without_cou
     assert _losses(rounds_of(run)) == [1.0, 0.5]
     assert run.transitions == [S.STARTING, S.RUNNING, S.REFORMING, S.RESTARTING, S.RUNNING, S.FINISHED]
     assert group.reforms == 1 and group.restarts == 1
-    assert group.requests[-1].checkpoint == {"step": 1}
+    assert group.started_from(-1) == {"step": 1}
 
 
 def test_a_sync_reforms_without_counting_a_failure(tmp_path):

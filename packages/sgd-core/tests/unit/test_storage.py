@@ -197,3 +197,60 @@ def test_a_run_that_keeps_no_checkpoint_writes_without_fsync_and_restarts_from_t
     assert synced == []  # read back and deleted at once: no fsync
     assert m.register(Path(written.path), written.score_values, 2) is None
     assert m.restorable() == {"step": 2} and not Path(written.path).exists()
+
+
+def _counting_loads(monkeypatch, name="pickle"):
+    """Every decode by the codec ``name`` in this process, counted."""
+    from sgd.checkpoint.codecs import get_codec
+
+    codec_cls = type(get_codec(name))
+    load, calls = codec_cls.load, []
+
+    def counted(self, f, trusted, where):
+        calls.append(where)
+        return load(self, f, trusted, where)
+
+    monkeypatch.setattr(codec_cls, "load", counted)
+    return calls
+
+
+def test_a_restart_reads_the_checkpoint_verified_and_leaves_decoding_it_to_the_workers(tmp_path, monkeypatch):
+    """restorable(decode=False): the state file's bytes, checked against their digests, with the
+    codec's name and the trust they were read with; the driver does not decode them (a torch
+    checkpoint would import torch there). Decoded, they are the state; latest() still decodes."""
+    from sgd.checkpoint.encoded import EncodedState
+
+    m = _manager(tmp_path)
+    m.register(Path(stage_state(_target(m), {"step": 2}).path), {}, 2)
+    m.latest_state = None  # as after a restart that did not decode it
+    loads = _counting_loads(monkeypatch)
+    encoded = m.restorable(decode=False)
+    assert isinstance(encoded, EncodedState) and loads == []
+    assert encoded.codec == "pickle" and encoded.trusted is True  # this driver wrote it in this run
+    assert encoded.decode() == {"step": 2} and len(loads) == 1
+    assert m.latest() == {"step": 2} and m.latest_state == {"step": 2} and m.latest_iteration == 2
+
+    # Damaged on disk: refused on the driver before anything is sent.
+    state_file = m.checkpoint_dir / "checkpoint_000001" / "state.pkl"
+    state_file.write_bytes(state_file.read_bytes()[:-1] + b"!")
+    m.latest_state = None
+    with pytest.raises(sgd.checkpoint.CheckpointIntegrityError, match="none of the checkpoints kept"):
+        m.restorable(decode=False)
+
+
+def test_an_undecoded_checkpoint_found_on_disk_keeps_the_trust_it_was_read_with(tmp_path, monkeypatch):
+    """A checkpoint this driver did not write follows the trust switch; the switch travels with
+    the bytes, so a worker decoding them refuses pickle as the driver would have."""
+    from sgd.checkpoint import TRUST_ENV
+    from sgd.errors import UntrustedCheckpointError
+
+    m = _manager(tmp_path)
+    m.register(Path(stage_state(_target(m), {"step": 2}).path), {}, 2)
+    found = CheckpointManager(m.checkpoint_dir, sgd.CheckpointStrategy(), "pickle", start_id=1)
+    encoded = found.restorable(decode=False)
+    assert encoded.trusted is False
+    with pytest.raises(UntrustedCheckpointError, match="trusted=True"):
+        encoded.decode()
+    monkeypatch.setenv(TRUST_ENV, "1")
+    trusting = CheckpointManager(m.checkpoint_dir, sgd.CheckpointStrategy(), "pickle", start_id=1)
+    assert trusting.restorable(decode=False).decode() == {"step": 2}

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
+from sgd.checkpoint.encoded import decoded
 from sgd.errors import WorkerDiedError
 from sgd.group.protocol import RunRequest
 from sgd.group.status import HEALTHY, Arrival, Barrier, Health, NodeInfo, Poll, checkpoint_round, report_round
@@ -173,6 +174,12 @@ class FakeGroup:
         error = self._record("start")
         self.started = error is None
         return error
+
+    def started_from(self, attempt: int = -1) -> Any:
+        """The checkpoint state the workers of run attempt ``attempt`` (an index into
+        :attr:`requests`) start from, as ``sgd.load_checkpoint()`` gives it to them: a
+        restart's checkpoint travels encoded (the workers decode it) and is decoded here."""
+        return decoded(self.requests[attempt].checkpoint)
 
     def begin(self, request: RunRequest) -> Optional[BaseException]:
         error = self._record("begin", checkpoint=request.checkpoint, start_iteration=request.start_iteration)

@@ -56,6 +56,7 @@ from sgd._worker.rank_logs import PendingOutput
 from sgd._worker.report_fields import ReportFields
 from sgd._worker.resets import ResetLink
 from sgd.checkpoint import Checkpoint
+from sgd.checkpoint.encoded import EncodedState
 from sgd.errors import PeerFailureError, PicklableError
 
 _METRICS = itemgetter(1)
@@ -104,7 +105,8 @@ class Session(_DriverDisk):
         self.checkpoint_target = checkpoint_target
         # the plugin hooks whose codecs write checkpoints (local mode: the trainer's own)
         self._hook = hook
-        self.loaded_checkpoint = checkpoint
+        # the checkpoint the run starts from: a dict, or a restart's EncodedState (decoded when asked for)
+        self._loaded_checkpoint = checkpoint
         #: The ``sgd.Checkpoint`` this worker last passed to ``sgd.report`` (for ``get_checkpoint``).
         self.latest_checkpoint_object: Any = None
         self._materialized: Optional[str] = None
@@ -374,6 +376,20 @@ class Session(_DriverDisk):
         An exception it raises is the run's error. Also run, its errors only logged, when the
         run was stopped (``TrainingIterator.stop``); not run when the function raised."""
         self._finalizers.append(finalizer)
+
+    @property
+    def loaded_checkpoint(self) -> Optional[Dict[str, Any]]:
+        """The state ``sgd.load_checkpoint()`` returns: the latest saved in this run, else the
+        one it started from. A restart's checkpoint arrives encoded and is decoded here, once,
+        when it is first asked for (the codec looked up among this process's registered ones)."""
+        state = self._loaded_checkpoint
+        if isinstance(state, EncodedState):
+            state = self._loaded_checkpoint = state.decode(self._hook)
+        return state
+
+    @loaded_checkpoint.setter
+    def loaded_checkpoint(self, state: Optional[Dict[str, Any]]) -> None:
+        self._loaded_checkpoint = state
 
     def get_checkpoint(self) -> Any:
         """The latest checkpoint as an ``sgd.Checkpoint`` (see ``sgd.get_checkpoint``)."""

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, Optional, Tuple, Union
 
 from sgd.checkpoint import integrity
-from sgd.checkpoint.codecs import TRUST_ENV, get_codec, resolve_trusted, untrusted_error
+from sgd.checkpoint.codecs import TRUST_ENV, get_codec, resolve_trusted
+from sgd.checkpoint.encoded import EncodedState, decode_state
 from sgd.checkpoint.preprocessor import PREPROCESSOR_FILE, PREPROCESSOR_KEY, decode_preprocessor
 from sgd.checkpoint.storage import is_uri, storage_for
 from sgd.errors import CheckpointError, CheckpointIntegrityError, UntrustedCheckpointError
@@ -165,6 +166,15 @@ class Checkpoint:
             return self._data
         with self.as_directory() as local:
             return _read_dict(Path(local), resolve_trusted(self.trusted), self._path or local)
+
+    def to_encoded(self) -> Any:
+        """As :meth:`to_dict`, verified the same way, but a dict checkpoint's state is left
+        encoded (an :class:`~sgd.checkpoint.encoded.EncodedState`, decoded by whoever needs it):
+        reading it does not import the framework its codec needs."""
+        if self._data is not None:
+            return self._data
+        with self.as_directory() as local:
+            return _read_dict(Path(local), resolve_trusted(self.trusted), self._path or local, decode=False)
 
     def to_directory(self, path: Optional[Union[str, os.PathLike]] = None) -> str:
         """Write the checkpoint to ``path`` (a new temporary directory if ``None``); returns it."""
@@ -330,33 +340,23 @@ def write_files(files: Dict[str, bytes], directory: Path, overwrite: bool = True
                 os.fsync(f.fileno())
 
 
-def _read_dict(directory: Path, trusted: bool, where: str) -> Dict[str, Any]:
+def _read_dict(directory: Path, trusted: bool, where: str, decode: bool = True) -> Any:
+    """The state of the checkpoint in ``directory``, verified. ``decode=False``: a dict
+    checkpoint's state as an :class:`~sgd.checkpoint.encoded.EncodedState` (what a restart
+    sends its workers, which decode it), not decoded here."""
     meta = integrity.read_metadata(directory, where)
     integrity.verify(directory, meta, where)
     if meta.get("format") == "dict":
         c = get_codec(meta.get("codec"), where)
         state_file = integrity.confined(directory, meta.get("state_file"), where)
-        try:
-            with open(state_file, "rb") as f:
-                state = c.load(f, trusted, where)
-        except UntrustedCheckpointError as exc:
-            types = meta.get("needs_trust")
-            if isinstance(types, list) and types and "objects of type" not in str(exc):
-
-                raise untrusted_error(where, [str(t) for t in types]) from None
-            raise
-        except CheckpointError:
-            raise
-        except Exception as exc:
-            raise CheckpointIntegrityError(
-                f"checkpoint {where}: cannot decode {state_file.name} with codec {c.name!r} "
-                f"({type(exc).__name__}: {exc}); it is damaged or was not written by sgd"
-            ) from exc
-        if not isinstance(state, dict):
-            raise CheckpointIntegrityError(f"checkpoint {where}: its state is a {type(state).__name__}, not a dict")
-        if PREPROCESSOR_FILE in (meta.get("files") or {}):  # bytes: decoded by get_preprocessor()
-            state[PREPROCESSOR_KEY] = integrity.confined(directory, PREPROCESSOR_FILE, where).read_bytes()
-        return state
+        preprocessor = None
+        if PREPROCESSOR_FILE in (meta.get("files") or {}):
+            preprocessor = integrity.confined(directory, PREPROCESSOR_FILE, where).read_bytes()
+        if not decode:
+            return EncodedState(str(meta.get("codec")), state_file.read_bytes(), trusted, where,
+                                meta.get("needs_trust"), preprocessor, state_file.name)
+        with open(state_file, "rb") as f:
+            return decode_state(c, f, trusted, where, meta.get("needs_trust"), preprocessor, state_file.name)
     if meta.get("format") == "sharded":
         # Every shard stays where it is: the workers read their parts (sgd_torch.load_sharded_checkpoint).
         metadata = meta.get("metadata")

@@ -90,7 +90,7 @@ class _Recovery:
         """Replace the group (after ``error``, or placed anew by ``resize``) and start the run
         again from the latest checkpoint; a failure on the way is decided like any other."""
         if (getattr(error, "lost_every_worker", False) and self._spec.checkpoint is None
-                and self._manager.restorable() is None):
+                and self._manager.restorable(decode=False) is None):
             # A run that recovers in place (sgd.elastic) keeps its state in the workers' memory:
             # with all of them gone and no checkpoint, starting over would silently lose it all.
             given_up = TrainingFailedError(
@@ -110,7 +110,9 @@ class _Recovery:
             failed = wrapped
         if failed is None:
             self._manager.remove_temporary()  # the old workers are gone, mid-write or not
-            state = self._manager.restorable()
+            # Read and verified, not decoded: the workers decode it (they have the framework its
+            # codec needs; a cold import on the driver cost a restart 1.2 s).
+            state = self._manager.restorable(decode=False)
             if state is not None:
                 failed = self._launch(state, self._manager.latest_iteration)
             else:

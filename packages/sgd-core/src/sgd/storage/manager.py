@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from sgd import plugins
 from sgd._common.json_values import finite, json_default
+from sgd.checkpoint.encoded import EncodedState
 from sgd.checkpoint.format import (
     METADATA_FILE,
     Checkpoint,
@@ -86,7 +87,9 @@ class CheckpointManager:
         #: in every checkpoint written from now on, unless the checkpoint has one already.
         self.preprocessor: Optional[bytes] = None
         self.latest_id = start_id
-        self.latest_state: Optional[Dict[str, Any]] = None
+        #: The latest checkpoint's state: a dict, or its bytes not yet decoded (an
+        #: :class:`~sgd.checkpoint.encoded.EncodedState`, read for a restart; :meth:`latest` decodes it).
+        self.latest_state: Any = None
         self.latest_iteration = 0
         #: The last report the driver delivered: a checkpoint filed under a later report (saved
         #: before it, "save then report") is not restored from, nor does it push out of the
@@ -231,30 +234,40 @@ class CheckpointManager:
         A kept checkpoint that no longer verifies is skipped with a warning, and the newest
         one that does is used (:attr:`latest_iteration` then follows it).
         """
+        return self._latest(decode=True)
+
+    def _latest(self, decode: bool) -> Any:
         if self.latest_state is None and self.latest_id and self._kept:
             newest = max(self._kept, key=lambda c: c.checkpoint_id)
             if newest.checkpoint_id == self.latest_id:
-                self._load_newest_verified()
+                self._load_newest_verified(decode=decode)
+        if decode and isinstance(self.latest_state, EncodedState):
+            self.latest_state = self.latest_state.decode(self.hook)
         return self.latest_state
 
-    def restorable(self) -> Optional[Dict[str, Any]]:
+    def restorable(self, decode: bool = True) -> Any:
         """What a restart resumes from: :meth:`latest`, unless it is filed under a report not
         yet delivered (saved before that report, which the failure cut off); then the newest
         kept one filed under a delivered report, whose steps after it are redone and reported.
-        :attr:`latest_state` and :attr:`latest_iteration` follow it."""
+        :attr:`latest_state` and :attr:`latest_iteration` follow it.
+
+        :param decode: ``False``: a dict checkpoint read from disk comes verified but encoded
+            (:class:`~sgd.checkpoint.encoded.EncodedState`), for the workers to decode: the
+            driver does not import the framework its codec needs (a restart sends it on).
+        """
         done = self.delivered_iteration
         if done is None or self.latest_iteration <= done:
-            return self.latest()
+            return self._latest(decode)
         candidates = [c for c in self._kept if c.iteration <= done]
         if not candidates:  # none kept on disk (num_to_keep=0): its progress beats a redone report
             logger.warning("the newest checkpoint goes with report %d, which the failure cut off, and no earlier "
                            "one is kept: resuming from it; that report is not delivered", self.latest_iteration)
-            return self.latest()
+            return self._latest(decode)
         logger.info("the newest checkpoint goes with report %d, which the failure cut off; resuming from the one "
                     "before it and redoing the steps after that", self.latest_iteration)
         self.latest_state, self.latest_iteration = None, 0
-        self._load_newest_verified(candidates)
-        return self.latest_state
+        self._load_newest_verified(candidates, decode)
+        return self._latest(decode)
 
     def _newest_restorable(self) -> Optional[_Kept]:
         done = self.delivered_iteration
@@ -274,15 +287,17 @@ class CheckpointManager:
         found = [c for c in self._kept if c.iteration == iteration]
         return max(found, key=lambda c: c.checkpoint_id).path if found else None
 
-    def _load_newest_verified(self, among: Optional[List[_Kept]] = None) -> None:
-
+    def _load_newest_verified(self, among: Optional[List[_Kept]] = None, decode: bool = True) -> None:
+        """Read the newest kept checkpoint (of ``among``) that verifies into :attr:`latest_state`:
+        decoded, or left encoded (``decode=False``)."""
         for kept in sorted(self._kept if among is None else among, key=lambda c: c.checkpoint_id, reverse=True):
             # What this driver wrote in this run is trusted as long as its files are
             # still the ones it recorded; checkpoints found on disk follow the caller's switch.
             ours = kept.files is not None and _recorded_files(kept.path) == kept.files
             try:
                 with plugins.using(self.hook):
-                    state = Checkpoint.from_directory(kept.path, trusted=True if ours else None).to_dict()
+                    checkpoint = Checkpoint.from_directory(kept.path, trusted=True if ours else None)
+                    state = checkpoint.to_dict() if decode else checkpoint.to_encoded()
             except (CheckpointIntegrityError, FileNotFoundError) as exc:
                 logger.warning("skipping checkpoint %s, which does not verify: %s", kept.path, exc)
                 continue
