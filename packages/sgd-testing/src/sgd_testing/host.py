@@ -143,7 +143,8 @@ class Host:
             pid = int(entry)
             try:
                 if os.getpgid(pid) == pgid or (self._mnt_ns and os.readlink(f"/proc/{pid}/ns/mnt") == self._mnt_ns):
-                    found.append(pid)
+                    if not _is_zombie(pid):  # dead, waiting for its parent (often init) to reap it
+                        found.append(pid)
             except (OSError, ProcessLookupError):
                 continue
         return found
@@ -169,8 +170,18 @@ class Host:
                 return at
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=10)
-        wait_for(lambda: not self.pids(), timeout=10, message=f"processes of host {self.ip} survived SIGKILL")
+        # A process forked after the last pass (a worker the raylet was starting) is signalled too.
+        wait_for(lambda: not self._signal_all(signal.SIGKILL), timeout=10,
+                 message=f"processes of host {self.ip} survived SIGKILL")
         return at
+
+    def _signal_all(self, sig: int) -> List[int]:
+        """Send ``sig`` to every process of the host; the ones that were there."""
+        pids = self.pids()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        return pids
 
     def stop(self, timeout: float = 20.0) -> None:
         """Stop the host gently (SIGTERM to ``ray start --block``, which stops its node), then
@@ -219,3 +230,13 @@ class Host:
 
 
 Host.__module__ = "sgd_testing.hosts"
+
+
+def _is_zombie(pid: int) -> bool:
+    """Whether ``pid`` has exited and only waits to be reaped (state ``Z`` in ``/proc/<pid>/stat``)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return True  # gone meanwhile
+    return stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] == b"Z"
