@@ -160,12 +160,8 @@ class Host:
             raise RuntimeError(f"host {self.ip} was never started")
         at = time.time()
         for _ in range(3):  # a process forked while we were signalling gets the next pass
-            pids = self.pids()
-            if not pids:
+            if not self._signal_all(signal.SIGKILL):
                 break
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
             if not wait:
                 return at
         with contextlib.suppress(subprocess.TimeoutExpired):

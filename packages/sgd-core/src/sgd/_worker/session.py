@@ -103,7 +103,7 @@ class Session(_DriverDisk):
         self._encode = encode
         #: where this run's checkpoints are written (``None``: a run without a directory)
         self.checkpoint_target = checkpoint_target
-        # the plugin hooks whose codecs write checkpoints (local mode: the trainer's own)
+        # the plugin hooks whose codecs write and decode checkpoints (local mode: the trainer's own)
         self._hook = hook
         # the checkpoint the run starts from: a dict, or a restart's EncodedState (decoded when asked for)
         self._loaded_checkpoint = checkpoint
