@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
 from sgd.checkpoint.encoded import decoded
-from sgd.errors import WorkerDiedError
+from sgd.errors import WorkerDiedError, WorkerError
 from sgd.group.protocol import RunRequest
 from sgd.group.status import HEALTHY, Arrival, Barrier, Health, NodeInfo, Poll, checkpoint_round, report_round
 from sgd.storage.staging import stage_state
@@ -99,8 +99,14 @@ class FakeGroup:
         self._events.append(("fail", WorkerDiedError(f"worker rank {rank} died: {message}", rank)))
         return self
 
-    def raise_(self, error: BaseException) -> FakeGroup:
-        """A worker's training function raises ``error`` (not retried by the default policy)."""
+    def raise_(self, error: BaseException, rank: Optional[int] = 0) -> FakeGroup:
+        """Worker ``rank``'s training function raises ``error``: it arrives as the real group
+        hands it over, its ``__cause__`` a :class:`~sgd.errors.WorkerError` naming the rank
+        (retried only by a run with ``retry_worker_errors``). ``rank=None``: an error of the
+        driver's own (never retried), ``error`` as it is."""
+        if rank is not None and error.__cause__ is None:
+            error.__cause__ = WorkerError(f"worker rank {rank} (pid 0 on fake) raised {type(error).__name__}: "
+                                          f"{error}\n\nRemote traceback:\n(fake)", rank, "(fake)")
         self._events.append(("fail", error))
         return self
 
@@ -287,10 +293,12 @@ class FakeGroup:
 
 def fake_trainer_run(group: FakeGroup, logdir: Path, max_retries: int = 0, hang_timeout_s: Optional[float] = None,
                      checkpoint: Optional[dict] = None, callbacks: Sequence[Any] = (),
-                     num_to_keep: Optional[int] = None, controller: Any = None) -> Any:
+                     num_to_keep: Optional[int] = None, controller: Any = None,
+                     retry_worker_errors: bool = False) -> Any:
     """Start ``group`` under a run controller and begin one run writing to ``logdir``; return
     the run (:class:`sgd.run.controller.ActiveRun`): iterate ``run.next()`` until ``None``,
-    read ``run.transitions`` / ``run.history``, ``run.returns``."""
+    read ``run.transitions`` / ``run.history``, ``run.returns``. ``retry_worker_errors``: the
+    run retries a training function's exception too (what the AIR/v2 trainers' runs do)."""
     from sgd.checkpoint import CheckpointStrategy
     from sgd.run.controller import RunController, new_run_spec
     from sgd.storage.manager import CheckpointManager
@@ -301,7 +309,7 @@ def fake_trainer_run(group: FakeGroup, logdir: Path, max_retries: int = 0, hang_
     run_dir = Path(logdir) / f"run_{len(list(Path(logdir).glob('run_*'))) + 1:03d}"
     manager = CheckpointManager(run_dir / "checkpoints", CheckpointStrategy(num_to_keep=num_to_keep), "pickle")
     spec = new_run_spec(run_dir, lambda: None, manager=manager, max_retries=max_retries, callbacks=list(callbacks),
-                        checkpoint=checkpoint)
+                        checkpoint=checkpoint, retry_worker_errors=retry_worker_errors)
     return controller.begin(spec)
 
 

@@ -130,6 +130,7 @@ def _started_trainer(trainer: Any) -> Any:
     kept = _KEPT["trainer"]
     if kept is not None and _KEPT["key"] == key and trainer.resuming_run_dir is None:
         kept.logdir, kept.max_retries = made.logdir, made.max_retries
+        kept.retry_worker_errors = made.retry_worker_errors
         return kept
     _shutdown_kept()
     made.start()

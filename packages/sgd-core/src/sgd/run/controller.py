@@ -129,7 +129,7 @@ class RunController:
     def begin(self, spec: RunSpec) -> ActiveRun:
         """Start one run. Never raises for a failure of the run itself: that comes out of
         :meth:`ActiveRun.next`."""
-        self.failures.reset(spec.max_retries)
+        self.failures.reset(spec.max_retries, retry_worker_errors=spec.retry_worker_errors)
         return ActiveRun(self, spec)
 
     def shutdown(self) -> None:
@@ -267,7 +267,9 @@ class ActiveRun(_Recovery):
         """The next report round (one dict per worker), or ``None`` once the run finished.
 
         :raises TrainingFailedError: workers died more often than ``max_retries`` allows.
-        :raises Exception: a worker's exception, with its own type (see :class:`sgd.WorkerError`).
+        :raises Exception: a worker's exception, with its own type (see :class:`sgd.WorkerError`):
+            at once, or, in a run that retries them (``RunSpec.retry_worker_errors``), the
+            last one once the retries ran out.
         """
         if self.finished:
             return None

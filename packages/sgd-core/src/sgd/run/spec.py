@@ -29,6 +29,10 @@ class RunSpec:
     #: worker deaths this run recovers from (``-1``: unlimited): the trainer's ``max_retries``
     #: when the run begins (it may change between runs).
     max_retries: int
+    #: whether an exception of the training function on a worker is retried too (counted
+    #: against ``max_retries``), as Ray 2.x's ``FailureConfig(max_failures)`` does: set by the
+    #: AIR/v2 trainers (``sgd.Trainer(retry_worker_errors=True)``); off, only deaths are.
+    retry_worker_errors: bool = False
     #: what ``sgd.get_context()`` tells the workers about this run (experiment, trial...).
     worker_run_info: Dict[str, Optional[str]] = field(default_factory=dict)
     #: given to ``sgd_handle_result`` with every round.

@@ -38,6 +38,7 @@ def restored_arguments(settings: Dict[str, Any], backend: Optional[BackendConfig
         placement_strategy=settings.get("placement_strategy", "PACK"),
         placement_timeout_s=settings.get("placement_timeout_s"),
         hang_timeout_s=settings.get("hang_timeout_s"),
+        retry_worker_errors=bool(settings.get("retry_worker_errors", False)),
     )
 
 

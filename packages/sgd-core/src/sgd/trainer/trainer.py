@@ -50,7 +50,9 @@ class Trainer:
     :param use_gpu: reserve one GPU per worker (unless ``resources_per_worker`` says otherwise).
     :param resources_per_worker: Ray resources per worker; default ``{"CPU": 1, "GPU": int(use_gpu)}``.
     :param logdir: where runs are written (default ``~/sgd_results/train_<timestamp>``).
-    :param max_retries: worker-group failures to recover from (``-1``: unlimited).
+    :param max_retries: worker-group failures to recover from (``-1``: unlimited). A failure is
+        a worker's death (Ray Train 1.x's rule), and with ``retry_worker_errors`` also an
+        exception raised by the training function.
     :param storage_path: also copy every kept checkpoint here (a local path or a storage URI
         such as ``s3://bucket/prefix``), under ``<logdir name>/run_NNN/checkpoints/``.
     :param placement_strategy: how the workers' placement group spreads them over nodes
@@ -71,6 +73,13 @@ class Trainer:
         result hooks, checkpoint codecs and storage, and Ray Tune (each trial's trainer gets
         them). ``sgd run`` passes its launcher plugin this way. A plugin registered twice or
         implementing a hook that does not exist raises :class:`sgd.plugins.PluginError`.
+    :param retry_worker_errors: also retry (against ``max_retries``, from the latest checkpoint)
+        a run whose training function raised an exception on a worker, as Ray 2.x's
+        ``FailureConfig(max_failures)`` does; once the retries run out the last exception is
+        raised as usual (its own type). ``False`` (the default, Ray Train 1.x's rule): only a
+        worker's death is retried, a training function's exception ends the run at once. The
+        AIR/v2 trainers set it (:meth:`sgd.DataParallelTrainer.make_trainer`). Local mode
+        (``num_workers=0``) never retries: the function runs in this process.
     """
 
     def __init__(
@@ -87,7 +96,12 @@ class Trainer:
         placement_timeout_s: Optional[float] = None,
         plugins: Optional[Sequence[object]] = None,
         hang_timeout_s: Optional[float] = None,
+        retry_worker_errors: bool = False,
     ):
+        if not isinstance(retry_worker_errors, bool):
+            raise TypeError(f"retry_worker_errors must be True or False, got {retry_worker_errors!r}")
+        #: whether a training function's exception is retried like a death (see the class docstring)
+        self.retry_worker_errors = retry_worker_errors
         self.placement_timeout_s = check_placement_timeout(placement_timeout_s)
         self.hang_timeout_s = seconds_or_none(hang_timeout_s, "hang_timeout_s")
         self._min_workers, self._max_workers = resolve_num_workers(num_workers)
@@ -180,6 +194,7 @@ class Trainer:
             "placement_strategy": self.placement_strategy,
             "placement_timeout_s": self.placement_timeout_s,
             "hang_timeout_s": self.hang_timeout_s,
+            "retry_worker_errors": self.retry_worker_errors,
             "plugins": list(self.plugins),
         }
 
@@ -367,6 +382,8 @@ class Trainer:
             train_func=fn, config=config or {}, callbacks=all_callbacks, checkpoint=initial,
             dataset=dataset, dataset_config=dataset_config, run_dir=run, manager=self._manager,
             max_retries=self.max_retries,
+            # Local mode has no worker process to replace: its function's error is final.
+            retry_worker_errors=self.retry_worker_errors and self._max_workers != 0,
             worker_run_info={
                 "experiment_name": trial.get("experiment") or self.logdir.name,
                 "trial_dir": str(run.path),
