@@ -17,9 +17,6 @@ from sgd._common.public import public_module
 from sgd.air.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from sgd.air.preprocessing import fit_preprocessor, is_preprocessor, needs_fit
 from sgd.air.result import Result
-from sgd.air.run_folder import run_folder
-from sgd.runs import find_run
-from sgd.storage.errors import RunNotFoundError
 from sgd.air.saved import SAVED_CONFIGS, backend_name, config_of_backend, subclasses
 from sgd.air.tune_callbacks import TuneCallbacks
 from sgd.backend import BackendConfig
@@ -139,25 +136,27 @@ class DataParallelTrainer:
 
     # --- running ----------------------------------------------------------------------
 
-    def _experiment_dir(self, numbered_runs: bool = False) -> Tuple[Path, Optional[str]]:
-        """The run's folder (``storage_path/name``; with ``numbered_runs`` the folder its
-        ``run_NNN`` go into), and the storage URI checkpoints are mirrored to."""
-        return run_folder(type(self).__name__, self.run_config, numbered_runs)
+    def _experiment_dir(self) -> Tuple[Path, Optional[str]]:
+        """The local folder runs go to, and the storage URI checkpoints are mirrored to."""
+
+        name = self.run_config.name or (
+            f"{type(self).__name__}_{datetime.datetime.now().strftime('%Y-%m-%d_%H-%M-%S')}")
+        storage = self.run_config.storage_path
+        if storage is None:
+            return results_root() / name, None
+        if is_uri(str(storage)):
+            return results_root() / name, str(storage)
+        return Path(storage).expanduser().resolve() / name, None
 
     @property
     def resuming_run_dir(self) -> Optional[Path]:
         """The run directory a trainer made by :meth:`restore` continues, else ``None``."""
         return self._restore_run_dir
 
-    def make_trainer(self, numbered_runs: bool = False) -> Trainer:
+    def make_trainer(self) -> Trainer:
         """The :class:`sgd.Trainer` that :meth:`fit` runs, not started: the scaling, run and
         failure configs applied (for a restored trainer, one that continues its run directory).
         sgd-tune runs each trial on one.
-
-        Its runs go into ``storage_path/name`` itself (``Trainer(run_dir=...)``), where a run
-        already there is resumed from its newest checkpoint that verifies (Ray 2.60's resume by
-        name). ``numbered_runs=True``: each run in a new ``storage_path/name/run_NNN`` instead,
-        never resuming (what sgd-tune's trials do: Tune decides what a trial resumes from).
 
         ``FailureConfig(max_failures)`` becomes its ``max_retries`` with
         ``retry_worker_errors=True``: an exception raised by the training function is retried
@@ -175,14 +174,13 @@ class DataParallelTrainer:
             if failure_config.hang_timeout_s is not None:
                 trainer.hang_timeout_s = float(failure_config.hang_timeout_s)
             return trainer
-        folder, mirror = self._experiment_dir(numbered_runs)
+        logdir, mirror = self._experiment_dir()
         return Trainer(
             backend=self.backend_config,
             num_workers=sc.num_workers,
             use_gpu=sc.use_gpu,
             resources_per_worker=sc.resources_per_worker,
-            logdir=folder if numbered_runs else None,
-            run_dir=None if numbered_runs else folder,
+            logdir=logdir,
             max_retries=failures,
             storage_path=mirror,
             placement_strategy=sc.placement_strategy,
@@ -310,25 +308,15 @@ class DataParallelTrainer:
 
     @classmethod
     def can_restore(cls, path: Union[str, os.PathLike]) -> bool:
-        """Whether ``path`` names a run this trainer can continue: ``result.path``
-        (``storage_path/name``), or an experiment folder of numbered runs written before
-        2026-11-29 (its latest ``run_NNN``). ``False`` for a folder with no such run, or one a
-        newer sgd wrote (:meth:`restore` says which)."""
-        try:
-            run = find_run(path)
-        except (FileNotFoundError, ValueError):
-            return False
+        """Whether ``path`` is a run directory this trainer can continue."""
+        run = Path(path).expanduser()
         return (run / "trainer.json").exists() and saved_trainer.exists(run)
 
     @classmethod
     def restore(cls, path: Union[str, os.PathLike], train_loop_per_worker: Optional[Callable[..., Any]] = None,
                 train_loop_config: Optional[Dict[str, Any]] = None, datasets: Optional[Dict[str, Any]] = None,
                 trusted: Optional[bool] = None, **overrides: Any) -> DataParallelTrainer:
-        """A trainer that continues the run in ``path`` (``result.path``, ``storage_path/name``; an
-        experiment folder of numbered runs written before 2026-11-29 stands for its latest
-        ``run_NNN``), e.g. after its driver died. Running the trainer again with the same
-        ``RunConfig(name, storage_path)`` does the same with the settings you pass
-        (Ray 2.60's way, where ``restore`` is deprecated).
+        """A trainer that continues the run in ``path`` (``result.path``), e.g. after its driver died.
 
         ``fit()`` goes on in the same run directory from its latest checkpoint; reports
         already in it are not repeated. Datasets are not saved with the run: pass them
@@ -343,19 +331,17 @@ class DataParallelTrainer:
         objects (see :class:`sgd.Checkpoint`). The run goes on from its newest checkpoint that
         verifies.
 
-        :raises sgd.RunNotFoundError: ``path`` holds no run (a ``FileNotFoundError``), or not
-            one ``fit()`` wrote.
-        :raises sgd.RunFormatError: the run was written by a newer sgd (a ``ValueError``).
+        :raises FileNotFoundError: ``path`` is not a run directory ``fit()`` wrote.
         :raises TypeError: an argument that is not one of the trainer's, or the run was written
             by another trainer class.
         """
         from sgd.checkpoint.codecs import resolve_trusted
 
-        run = find_run(path)
+        run = Path(path).expanduser().resolve()
         if not (run / "trainer.json").exists():
-            raise RunNotFoundError(f"{run} is not an sgd run directory (no trainer.json); pass result.path")
+            raise FileNotFoundError(f"{run} is not an sgd run directory (no trainer.json); pass result.path")
         if not saved_trainer.exists(run):
-            raise RunNotFoundError(f"{run} has no {saved_trainer.STATE_FILE}; it was not started by "
+            raise FileNotFoundError(f"{run} has no {saved_trainer.STATE_FILE}; it was not started by "
                                     f"{cls.__name__}.fit() (or by a version of sgd before 2026-11-26)")
         saved = saved_trainer.SavedTrainer(run)
         saved_cls: Any = saved.saved_class(
