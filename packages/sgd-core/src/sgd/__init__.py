@@ -4,10 +4,11 @@ Re-exports only; see the modules for the code.
 """
 
 from sgd.air import CheckpointConfig, DataParallelTrainer, FailureConfig, Result, RunConfig, ScalingConfig
+from sgd.air.config_fields import LoggingConfig
 from sgd.backend import Backend, BackendConfig, BackendSpec, free_address
 from sgd.callbacks import TrainingCallback
 from sgd.checkpoint import Checkpoint, CheckpointStrategy
-from sgd.data import DatasetConfig, DatasetShard, cross_validation_folds
+from sgd.data import DataConfig, DatasetConfig, DatasetShard, cross_validation_folds
 from sgd.errors import (
     CheckpointError,
     CheckpointIntegrityError,
@@ -55,7 +56,9 @@ __all__ = [
     "Result",
     "RunConfig",
     "ScalingConfig",
+    "DataConfig",
     "DatasetConfig",
+    "LoggingConfig",
     "DatasetShard",
     "PreemptionInfo",
     "Predictor",

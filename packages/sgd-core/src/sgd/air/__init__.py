@@ -11,6 +11,7 @@ Framework packages subclass :class:`DataParallelTrainer` with their backend conf
 Re-exports only; the code is in the submodules, one concept each:
 
 - ``config``: :class:`ScalingConfig`, :class:`RunConfig`, :class:`CheckpointConfig`, :class:`FailureConfig`;
+- ``config_fields``: Ray Train 2.60's :class:`LoggingConfig` and checks of the newer fields;
 - ``result``: :class:`Result` and Ray Train's result fields;
 - ``data_parallel``: :class:`DataParallelTrainer` (``fit``, ``restore``, Ray Tune);
 - ``tune_callbacks``: Ray Tune callbacks of ``RunConfig(callbacks=...)`` and :class:`TrialView`;
@@ -21,6 +22,7 @@ The public classes keep ``sgd.air`` as their ``__module__`` (pickles and run dir
 """
 
 from sgd.air.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from sgd.air.config_fields import LoggingConfig
 from sgd.air.data_parallel import DataParallelTrainer
 from sgd.air.data_parallel import DiscardReturn as DiscardReturn
 from sgd.air.result import RAY_RESULT_FIELDS as RAY_RESULT_FIELDS
@@ -29,4 +31,5 @@ from sgd.air.tune_callbacks import TrialView as TrialView
 from sgd.air.tune_callbacks import TuneCallbacks as TuneCallbacks
 from sgd.air.tune_callbacks import is_tune_callback as is_tune_callback
 
-__all__ = ["ScalingConfig", "RunConfig", "CheckpointConfig", "FailureConfig", "Result", "DataParallelTrainer"]
+__all__ = ["ScalingConfig", "RunConfig", "CheckpointConfig", "FailureConfig", "LoggingConfig", "Result",
+           "DataParallelTrainer"]

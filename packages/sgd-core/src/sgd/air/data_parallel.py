@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Type, Union
 
 from sgd._common.public import public_module
 from sgd.air.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from sgd.air.config_fields import check_ray_settings
 from sgd.air.preprocessing import fit_preprocessor, is_preprocessor, needs_fit
 from sgd.air.result import Result
 from sgd.air.saved import SAVED_CONFIGS, backend_name, config_of_backend, subclasses
@@ -23,7 +24,8 @@ from sgd.backend import BackendConfig
 from sgd.callbacks import TrainingCallback
 from sgd.checkpoint import Checkpoint
 from sgd.checkpoint.storage import is_uri
-from sgd.data import DatasetConfig
+from sgd.data import DataConfig, DatasetConfig
+from sgd.data.data_config import split_configs
 from sgd.plugins import get_plugin_manager
 from sgd.storage import saved_trainer
 from sgd.trainer import Trainer
@@ -42,7 +44,9 @@ class DataParallelTrainer:
     :param scaling_config: :class:`ScalingConfig`.
     :param run_config: :class:`RunConfig`.
     :param datasets: Ray Datasets by name; ``sgd.get_dataset_shard(name)`` in the loop.
-    :param dataset_config: :class:`sgd.DatasetConfig` by dataset name (split or whole, shuffle).
+    :param dataset_config: an :class:`sgd.DataConfig` (Ray Train 2.60: which datasets are split,
+        Ray Data's execution options), or Ray AIR 2.x's dict of :class:`sgd.DatasetConfig` by
+        dataset name (split or whole, shuffle, per dataset).
     :param resume_from_checkpoint: an :class:`sgd.Checkpoint` (or path) the loop starts from
         (``sgd.get_checkpoint()``).
     :param preprocessor: a Ray Data preprocessor (``ray.data.preprocessors``), as in Ray AIR:
@@ -51,10 +55,12 @@ class DataParallelTrainer:
         (``checkpoint.get_preprocessor()``).
     :param metadata: accepted for Ray Train compatibility, kept as ``self.metadata``.
 
-    Datasets follow Ray AIR's rules: ``"train"`` is split among the workers, every other
-    dataset goes whole to every worker; ``dataset_config`` overrides that per dataset
-    (:class:`sgd.DatasetConfig`, AIR's fields included). The loop's return value is
-    discarded, as in Ray AIR (``sgd.Trainer.run`` returns it).
+    Datasets follow Ray Train 2.60's rule: without ``dataset_config`` (or with
+    ``DataConfig()``) **every** dataset is split among the workers;
+    ``DataConfig(datasets_to_split=[...])`` splits only those and gives the others whole to every
+    worker. A dict of :class:`sgd.DatasetConfig` keeps Ray AIR 2.x's rules: ``"train"`` split,
+    every other dataset whole to every worker unless its ``DatasetConfig`` says otherwise. The
+    loop's return value is discarded, as in Ray AIR (``sgd.Trainer.run`` returns it).
     """
 
     _default_backend_config: Callable[[], BackendConfig] = BackendConfig
@@ -75,7 +81,7 @@ class DataParallelTrainer:
         scaling_config: Optional[ScalingConfig] = None,
         run_config: Optional[RunConfig] = None,
         datasets: Optional[Dict[str, Any]] = None,
-        dataset_config: Optional[Dict[str, DatasetConfig]] = None,
+        dataset_config: Union[DataConfig, Dict[str, DatasetConfig], None] = None,
         resume_from_checkpoint: Any = None,
         preprocessor: Any = None,
         metadata: Optional[Dict[str, Any]] = None,
@@ -103,8 +109,10 @@ class DataParallelTrainer:
         if preprocessor is not None and not is_preprocessor(preprocessor):
             raise TypeError("preprocessor must be a ray.data.preprocessor.Preprocessor, "
                             f"got {type(preprocessor).__name__}")
-        if dataset_config is not None:
-            _check_type("dataset_config", dataset_config, dict)
+        if dataset_config is not None and not isinstance(dataset_config, DataConfig):
+            if not isinstance(dataset_config, dict):
+                raise TypeError("dataset_config must be an sgd.DataConfig or a dict of sgd.DatasetConfig by dataset "
+                                f"name (or None), got {type(dataset_config).__name__}")
             bad = [k for k, v in dataset_config.items() if not isinstance(v, DatasetConfig)]
             if bad:
                 raise TypeError(f"dataset_config values must be sgd.DatasetConfig (wrong for {bad})")
@@ -162,6 +170,9 @@ class DataParallelTrainer:
         ``retry_worker_errors=True``: an exception raised by the training function is retried
         from the latest checkpoint like a worker's death, as Ray 2.x does."""
         sc = self.scaling_config
+        check_ray_settings(sc, self.run_config)
+        if self.run_config.logging_config is not None:
+            logger.setLevel(self.run_config.logging_config.log_level)
         failure_config = self.run_config.failure_config or FailureConfig()
         failures = failure_config.max_failures
         if self._restore_run_dir is not None:
@@ -179,7 +190,9 @@ class DataParallelTrainer:
             backend=self.backend_config,
             num_workers=sc.num_workers,
             use_gpu=sc.use_gpu,
-            resources_per_worker=sc.resources_per_worker,
+            # accelerator_type / use_tpu add Ray resources to what each worker reserves
+            resources_per_worker=sc.resources_per_worker_resolved if sc.accelerator_type or sc.use_tpu
+            else sc.resources_per_worker,
             logdir=logdir,
             max_retries=failures,
             storage_path=mirror,
@@ -240,8 +253,10 @@ class DataParallelTrainer:
         :raises ValueError: a dataset marked ``required`` is missing, or more than one is to be fitted.
         """
         rules = type(self)._dataset_config
-        user = dict(self.dataset_config or {})
         datasets = self.datasets or {}
+        if self.dataset_config is None or isinstance(self.dataset_config, DataConfig):
+            return split_configs(self.dataset_config or DataConfig(), rules, datasets)
+        user = dict(self.dataset_config)
         for name, config in user.items():
             if config.required and name not in datasets and name not in ("*", "default"):
                 raise ValueError(f"dataset {name!r} is required (DatasetConfig(required=True)) and was not passed; "
@@ -265,6 +280,8 @@ class DataParallelTrainer:
         if self.datasets is None:
             return None, configs
         datasets = dict(self.datasets)
+        if isinstance(self.dataset_config, DataConfig):
+            datasets = self.dataset_config.apply_execution_options(datasets)
         p = self.preprocessor
         if p is None:
             return datasets, configs

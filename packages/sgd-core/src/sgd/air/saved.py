@@ -7,9 +7,10 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Tuple
 
 from sgd.air.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from sgd.air.config_fields import LoggingConfig
 from sgd.backend import BackendConfig
 from sgd.checkpoint import CheckpointStrategy
-from sgd.data import DatasetConfig
+from sgd.data import DataConfig, DatasetConfig
 
 
 def subclasses(cls: type) -> List[type]:
@@ -40,4 +41,5 @@ def config_of_backend(name: str, fields: Dict[str, Any]) -> BackendConfig:
 
 #: The config classes air_trainer.json may hold (by module and name; nothing else is built from it).
 SAVED_CONFIGS: Tuple[type, ...] = (
-    ScalingConfig, RunConfig, CheckpointConfig, FailureConfig, DatasetConfig, CheckpointStrategy, BackendConfig)
+    ScalingConfig, RunConfig, CheckpointConfig, FailureConfig, DatasetConfig, CheckpointStrategy, BackendConfig,
+    LoggingConfig, DataConfig)

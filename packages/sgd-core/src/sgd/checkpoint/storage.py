@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from sgd import plugins
 
@@ -30,6 +30,8 @@ class PyArrowStorage:
         import pyarrow.fs as pafs
 
         scheme = uri.split("://", 1)[0]
+        if scheme in _FILESYSTEMS:  # a filesystem object given by the caller (filesystem_uri)
+            return cls(_FILESYSTEMS[scheme]), uri.split("://", 1)[1]
         try:
             fs, path = pafs.FileSystem.from_uri(uri)
         except Exception:
@@ -63,6 +65,37 @@ class PyArrowStorage:
         self.fs.delete_dir(path)
 
 
+#: Filesystem objects given by callers (``RunConfig(storage_filesystem=...)``), by the URI
+#: scheme :func:`filesystem_uri` made up for each.
+_FILESYSTEMS: Dict[str, Any] = {}
+
+
+def filesystem_uri(fs: Any, path: str) -> str:
+    """A URI standing for ``path`` on the ``pyarrow.fs.FileSystem`` object ``fs`` in this
+    process (``sgdfs-<n>://<path>``), which :func:`storage_for` and every checkpoint read and
+    write resolve to that object: how ``RunConfig(storage_filesystem=fs, storage_path=path)``
+    reaches sgd's checkpoint storage. The scheme lives as long as the process; the same object
+    always gets the same one."""
+    scheme = next((name for name, known in _FILESYSTEMS.items() if known is fs), None)
+    if scheme is None:
+        scheme = f"sgdfs-{len(_FILESYSTEMS) + 1}"
+        _FILESYSTEMS[scheme] = fs
+    return f"{scheme}://{path}"
+
+
+def filesystem_of(uri: str) -> Any:
+    """The ``pyarrow.fs.FileSystem`` ``uri`` lives on (``LocalFileSystem`` for a local path)."""
+    import pyarrow.fs as pafs
+
+    if not is_uri(uri):
+        return pafs.LocalFileSystem()
+    storage = storage_for(uri)
+    fs = getattr(storage, "fs", None)
+    if isinstance(fs, pafs.FileSystem):
+        return fs
+    return pafs.FileSystem.from_uri(uri)[0]
+
+
 def storage_for(uri: str, hook: Optional[Any] = None) -> Any:
     """The checkpoint storage object for ``uri``: the first ``sgd_checkpoint_storage`` hook
     that answers, else core's own ``pyarrow.fs`` storage.
@@ -73,6 +106,8 @@ def storage_for(uri: str, hook: Optional[Any] = None) -> Any:
 
     :raises ValueError: nothing handles the URI's scheme (the message says what to install).
     """
+    if uri.split("://", 1)[0] in _FILESYSTEMS:
+        return PyArrowStorage(_FILESYSTEMS[uri.split("://", 1)[0]])
     storage = plugins.current_hook(hook).sgd_checkpoint_storage(uri=uri)
     if storage is None:
         storage = _builtin_storage(uri)

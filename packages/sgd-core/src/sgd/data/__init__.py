@@ -16,19 +16,21 @@ object store and splits its blocks. Anything that is not a Ray Dataset (a list, 
 ``Dataset``...) is given whole to every worker.
 
 Re-exports only; the code is in the submodules, one concept each: ``config``
-(:class:`DatasetConfig`), ``shard`` (:class:`DatasetShard`), ``split`` (:func:`shard_datasets`),
-``cpus`` (:func:`data_cpu_shortfall`), ``folds`` (:func:`cross_validation_folds`). The public
-classes keep ``sgd.data`` as their ``__module__`` (shards are pickled to the workers, and
-``air_trainer.json`` names ``DatasetConfig``).
+(:class:`DatasetConfig`), ``data_config`` (:class:`DataConfig`, Ray Train 2.60's), ``shard``
+(:class:`DatasetShard`), ``split`` (:func:`shard_datasets`), ``cpus`` (:func:`data_cpu_shortfall`),
+``folds`` (:func:`cross_validation_folds`). The public classes keep ``sgd.data`` as their
+``__module__`` (shards are pickled to the workers, and ``air_trainer.json`` names ``DatasetConfig``).
 """
 
 from sgd.data.config import DatasetConfig
 from sgd.data.cpus import data_cpu_shortfall
+from sgd.data.data_config import DataConfig
 from sgd.data.folds import cross_validation_folds
 from sgd.data.shard import DatasetShard
 from sgd.data.split import shard_datasets, shards_survive_restart
 
 __all__ = [
+    "DataConfig",
     "DatasetConfig",
     "DatasetShard",
     "cross_validation_folds",
