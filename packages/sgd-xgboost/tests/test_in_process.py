@@ -263,11 +263,11 @@ def test_a_peer_failure_inside_the_communicator_is_raised_as_the_echo_it_is():
 # --- LightGBM's network ---------------------------------------------------------------------------
 
 
-def test_network_parameters_inside_and_outside_a_run():
+def test_network_parameters_inside_and_outside_a_run(caplog):
     config._set_network_params({})
-    with pytest.raises(RuntimeError, match=r"get_network_params\(\) was called outside a training function of the "
-                                           "'lightgbm' backend"):
-        config.get_network_params()
+    with caplog.at_level("WARNING", logger="sgd.xgboost"):
+        assert config.get_network_params() == {}  # as Ray 2.60: LightGBM trains alone, with a warning
+    assert "get_network_params() was called outside a training function of the 'lightgbm' backend" in caplog.text
     config._set_network_params({"machines": "127.0.0.1:1", "local_listen_port": 1, "num_machines": 1,
                                 "time_out": 120})
     assert config.get_network_params() == {}  # one worker: nothing to connect

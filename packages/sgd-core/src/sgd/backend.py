@@ -8,6 +8,7 @@ configures) whose :attr:`~BackendConfig.backend_cls` names a :class:`Backend`
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Protocol, Sequence, Tuple, Type
 
@@ -299,6 +300,10 @@ class BackendConfig:
     def name(self) -> str:
         """The registered backend name (``"torch"``...); ``"base"`` for the no-op backend."""
         return "base"
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The configuration's fields as a dict (Ray Train's ``BackendConfig.to_dict``)."""
+        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)

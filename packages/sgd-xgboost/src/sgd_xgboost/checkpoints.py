@@ -13,7 +13,8 @@ from typing import Any, Dict, Iterator, Optional
 
 import sgd
 
-__all__ = ["XGBOOST_MODEL", "LIGHTGBM_MODEL", "META_FILE", "load_xgboost_model", "load_lightgbm_model",
+__all__ = ["XGBOOST_MODEL", "LIGHTGBM_MODEL", "META_FILE", "XGBoostCheckpoint", "LightGBMCheckpoint",
+           "load_xgboost_model", "load_lightgbm_model",
            "checkpoint_dir_of"]
 
 XGBOOST_MODEL = "model.ubj"
@@ -118,3 +119,70 @@ def load_lightgbm_model(checkpoint: Any, filename: Optional[str] = None) -> Any:
         except lightgbm.basic.LightGBMError as exc:
             raise ValueError(f"LightGBM cannot load {path}{_version_note(d, 'lightgbm', lightgbm.__version__)}: "
                              f"{exc}") from exc
+
+
+def _from_model(cls: Any, framework: str, version: str, booster: Any, preprocessor: Any, path: Optional[str]) -> Any:
+    """A checkpoint directory (``path``, else a new temporary one) holding ``booster`` as
+    ``cls.MODEL_FILENAME``, the metadata and, if given, the preprocessor."""
+    directory = path if path is not None else tempfile.mkdtemp(prefix="sgd-xgboost-")
+    if not os.path.isdir(directory):
+        raise ValueError(f"{cls.__name__}.from_model(path=...) must be an existing directory, got {path!r}")
+    booster.save_model(os.path.join(directory, cls.MODEL_FILENAME))
+    meta = {"framework": framework, "version": version, "model_file": cls.MODEL_FILENAME,
+            "rounds": _rounds_of(booster)}
+    with open(os.path.join(directory, META_FILE), "w") as f:
+        json.dump(meta, f)
+    if preprocessor is not None:
+        from sgd.checkpoint.preprocessor import PREPROCESSOR_FILE, encode_preprocessor
+
+        with open(os.path.join(directory, PREPROCESSOR_FILE), "wb") as f:
+            f.write(encode_preprocessor(preprocessor))
+    return cls.from_directory(directory)
+
+
+def _rounds_of(booster: Any) -> Optional[int]:
+    rounds = getattr(booster, "num_boosted_rounds", None) or getattr(booster, "current_iteration", None)
+    return int(rounds()) if callable(rounds) else None
+
+
+class XGBoostCheckpoint(sgd.Checkpoint):
+    """Ray Train's ``XGBoostCheckpoint``: a checkpoint directory holding an XGBoost model
+    (``model.json``, as Ray writes it). Ray 2.60 deprecates it in favour of
+    ``RayTrainReportCallback.get_model``; both read each other's checkpoints here."""
+
+    MODEL_FILENAME = "model.json"
+
+    @classmethod
+    def from_model(cls, booster: Any, *, preprocessor: Any = None, path: Optional[str] = None) -> XGBoostCheckpoint:
+        """A checkpoint of ``booster`` (an ``xgboost.Booster``).
+
+        :param preprocessor: a fitted Ray Data preprocessor kept with the model.
+        :param path: an existing, empty directory to write to; ``None``: a new temporary one.
+        :raises ValueError: ``path`` is not a directory.
+        """
+        import xgboost
+
+        return _from_model(cls, "xgboost", xgboost.__version__, booster, preprocessor, path)  # type: ignore[no-any-return]
+
+    def get_model(self) -> Any:
+        """The ``xgboost.Booster`` in this checkpoint (also one a report callback wrote)."""
+        return load_xgboost_model(self)
+
+
+class LightGBMCheckpoint(sgd.Checkpoint):
+    """Ray Train's ``LightGBMCheckpoint``: a checkpoint directory holding a LightGBM model
+    (``model.txt``)."""
+
+    MODEL_FILENAME = LIGHTGBM_MODEL
+
+    @classmethod
+    def from_model(cls, booster: Any, *, preprocessor: Any = None, path: Optional[str] = None) -> LightGBMCheckpoint:
+        """A checkpoint of ``booster`` (a ``lightgbm.Booster``); arguments as
+        :meth:`XGBoostCheckpoint.from_model`."""
+        import lightgbm
+
+        return _from_model(cls, "lightgbm", lightgbm.__version__, booster, preprocessor, path)  # type: ignore[no-any-return]
+
+    def get_model(self) -> Any:
+        """The ``lightgbm.Booster`` in this checkpoint."""
+        return load_lightgbm_model(self)

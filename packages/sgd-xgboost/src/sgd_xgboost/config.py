@@ -59,14 +59,20 @@ class XGBoostConfig(BackendConfig):
         run for all of them to leave (XGBoost's tracker ``timeout``); ``0`` waits forever.
     :param communicator_timeout_s: XGBoost's ``dmlc_timeout``: how long one collective
         operation may wait for a peer; ``None`` keeps XGBoost's default.
+    :param xgboost_communicator: Ray Train's name of the collective: ``"rabit"``, the only one
+        (XGBoost's tracker), as in Ray 2.60. Pass it by keyword (the fields above come first).
     """
 
     tracker_host: Optional[str] = None
     tracker_port: int = 0
     timeout_s: int = 300
     communicator_timeout_s: Optional[int] = None
+    xgboost_communicator: str = "rabit"
 
     def __post_init__(self) -> None:
+        if self.xgboost_communicator != "rabit":
+            raise ValueError(f"XGBoostConfig(xgboost_communicator={self.xgboost_communicator!r}) is not supported: "
+                             "'rabit' (XGBoost's tracker) is the only communicator, as in Ray Train")
         if not isinstance(self.tracker_port, int) or not 0 <= self.tracker_port < 65536:
             raise ValueError(f"XGBoostConfig(tracker_port={self.tracker_port!r}) must be a port number (0: any free)")
         if not isinstance(self.timeout_s, int) or self.timeout_s < 0:
@@ -301,17 +307,21 @@ def get_network_params() -> Dict[str, Any]:
     """Inside a training function of the ``"lightgbm"`` backend: the parameters that make
     ``lightgbm.train`` on this worker part of one distributed job (``machines``,
     ``local_listen_port``, ``num_machines``, ``time_out``); merge them into your ``params``
-    together with ``tree_learner="data"``. ``{}`` with one worker (nothing to connect).
+    together with ``tree_learner="data"``.
 
-    :raises RuntimeError: called where no ``"lightgbm"`` run set the network up.
+    ``{}`` where there is nothing to connect: with one worker, in local mode
+    (``ScalingConfig(num_workers=0)``), and outside a ``"lightgbm"`` run, where it also logs a
+    warning (Ray Train 2.60's ``ray.train.lightgbm.get_network_params`` does the same), so the
+    same training function runs alone too.
     """
     with _lock:
-        if not _network_params:
-            raise RuntimeError(
-                "sgd_xgboost.get_network_params() was called outside a training function of the 'lightgbm' "
-                "backend (Trainer(backend='lightgbm') or sgd_xgboost.LightGBMTrainer)."
-            )
         params = dict(_network_params)
+    if not params:
+        logger.warning(
+            "sgd_xgboost.get_network_params() was called outside a training function of the 'lightgbm' backend "
+            "(Trainer(backend='lightgbm') or sgd_xgboost.LightGBMTrainer): returning {} (LightGBM trains alone). "
+            "Call it inside the training loop of a LightGBMTrainer to train on all workers together.")
+        return {}
     return {} if params.get("num_machines", 1) <= 1 else params
 
 

@@ -15,7 +15,8 @@ __all__ = ["LightGBMReportCallback"]
 class LightGBMReportCallback:
     """Pass it to ``lightgbm.train(callbacks=[...])`` inside a training function: every round
     calls :func:`sgd.report` on every worker with the round's evaluation results, keyed
-    ``"<dataset>-<metric>"`` (``"valid-binary_logloss"``); rank 0 adds a checkpoint holding the
+    ``"<dataset>-<metric>"`` (``"valid-binary_logloss"``; ``lightgbm.cv``'s as
+    ``"<dataset>-<metric>-mean"`` and ``"...-stdv"``); rank 0 adds a checkpoint holding the
     model (``model.txt``) every ``frequency`` rounds and with the last round's report.
 
     Arguments as :class:`sgd_xgboost.XGBoostReportCallback`.
@@ -42,7 +43,13 @@ class LightGBMReportCallback:
         return load_lightgbm_model(checkpoint, filename)
 
     def __call__(self, env: Any) -> None:
-        flat = {f"{item[0]}-{item[1]}": item[2] for item in env.evaluation_result_list or []}
+        flat: Dict[str, Any] = {}
+        for item in env.evaluation_result_list or []:
+            if len(item) > 4:  # lightgbm.cv: (data, metric, mean, higher_better, stdv)
+                flat[f"{item[0]}-{item[1]}-mean"] = item[2]
+                flat[f"{item[0]}-{item[1]}-stdv"] = item[4]
+            else:
+                flat[f"{item[0]}-{item[1]}"] = item[2]
         metrics = _metrics.finish(_metrics.select(flat, self._metrics), self._postprocess)
         rounds = env.iteration + 1
         checkpoint = (self._frequency > 0 and rounds % self._frequency == 0) or (

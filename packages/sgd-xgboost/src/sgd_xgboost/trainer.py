@@ -60,6 +60,7 @@ class _BoostingTrainer(DataParallelTrainer):
         num_boost_round: Optional[int] = None,
         dmatrix_params: Optional[Dict[str, Dict[str, Any]]] = None,
         train_kwargs: Optional[Dict[str, Any]] = None,
+        validation_config: Any = None,
     ):
         older = {"label_column": label_column, "params": params, "num_boost_round": num_boost_round,
                  "dmatrix_params": dmatrix_params, **({"**train_kwargs": train_kwargs} if train_kwargs else {})}
@@ -80,6 +81,9 @@ class _BoostingTrainer(DataParallelTrainer):
                 label_column, params, num_boost_round, datasets, dataset_config, dmatrix_params,
                 dict(train_kwargs or {}), scaling, run_config)
         assert train_loop_per_worker is not None
+        # Ray 2.60's ValidationConfig goes to the data-parallel trainer when given (sgd's own
+        # refuses it if it does not know it).
+        more = {} if validation_config is None else {"validation_config": validation_config}
         super().__init__(
             train_loop_per_worker,
             train_loop_config=train_loop_config,
@@ -91,6 +95,7 @@ class _BoostingTrainer(DataParallelTrainer):
             resume_from_checkpoint=resume_from_checkpoint,
             preprocessor=preprocessor,
             metadata=metadata,
+            **more,
         )
 
     # --- the older shape -------------------------------------------------------------
@@ -205,10 +210,12 @@ class XGBoostTrainer(_BoostingTrainer):
 
     Ray 2.60's shape: ``XGBoostTrainer(train_loop_per_worker, *, train_loop_config=None,
     xgboost_config=None, scaling_config=None, run_config=None, datasets=None, dataset_config=None,
-    resume_from_checkpoint=None, metadata=None, preprocessor=None)``; inside the loop,
+    resume_from_checkpoint=None, metadata=None, preprocessor=None, validation_config=None)``
+    (``validation_config``: Ray 2.60's ``ValidationConfig``, where sgd has it); inside the loop,
     ``xgboost.train(...)`` is one distributed job (build the matrices with
     :func:`sgd_xgboost.to_quantile_dmatrix` from ``sgd.get_dataset_shard(name)``, report with
-    :class:`sgd_xgboost.XGBoostReportCallback`).
+    :class:`sgd_xgboost.xgboost.RayTrainReportCallback`, Ray's name, or
+    :class:`sgd_xgboost.XGBoostReportCallback`, the same callback).
 
     The older shape: ``XGBoostTrainer(*, datasets={"train": ..., "valid": ...}, label_column=,
     params=, num_boost_round=10, dmatrix_params=None, scaling_config=..., run_config=...,
@@ -241,6 +248,7 @@ class XGBoostTrainer(_BoostingTrainer):
         params: Optional[Dict[str, Any]] = None,
         num_boost_round: Optional[int] = None,
         dmatrix_params: Optional[Dict[str, Dict[str, Any]]] = None,
+        validation_config: Any = None,
         **train_kwargs: Any,
     ):
         if xgboost_config is not None and not isinstance(xgboost_config, XGBoostConfig):
@@ -251,6 +259,7 @@ class XGBoostTrainer(_BoostingTrainer):
             resume_from_checkpoint=resume_from_checkpoint, metadata=metadata, preprocessor=preprocessor,
             label_column=label_column,
             params=params, num_boost_round=num_boost_round, dmatrix_params=dmatrix_params, train_kwargs=train_kwargs,
+            validation_config=validation_config,
         )
 
     def _check_params(self, params: Optional[Dict[str, Any]], scaling: ScalingConfig) -> Dict[str, Any]:
@@ -302,6 +311,7 @@ class LightGBMTrainer(_BoostingTrainer):
         params: Optional[Dict[str, Any]] = None,
         num_boost_round: Optional[int] = None,
         dmatrix_params: Optional[Dict[str, Dict[str, Any]]] = None,
+        validation_config: Any = None,
         **train_kwargs: Any,
     ):
         if lightgbm_config is not None and not isinstance(lightgbm_config, LightGBMConfig):
@@ -313,6 +323,7 @@ class LightGBMTrainer(_BoostingTrainer):
             resume_from_checkpoint=resume_from_checkpoint, metadata=metadata, preprocessor=preprocessor,
             label_column=label_column,
             params=params, num_boost_round=num_boost_round, dmatrix_params=dmatrix_params, train_kwargs=train_kwargs,
+            validation_config=validation_config,
         )
 
     def _check_params(self, params: Optional[Dict[str, Any]], scaling: ScalingConfig) -> Dict[str, Any]:
