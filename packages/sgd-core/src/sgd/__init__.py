@@ -3,7 +3,16 @@
 Re-exports only; see the modules for the code.
 """
 
-from sgd.air import CheckpointConfig, DataParallelTrainer, FailureConfig, Result, RunConfig, ScalingConfig
+from sgd.air import (
+    CheckpointConfig,
+    DataParallelTrainer,
+    FailureConfig,
+    Result,
+    RunConfig,
+    ScalingConfig,
+    TrainRunContext,
+    UserCallback,
+)
 from sgd.air.config_fields import LoggingConfig
 from sgd.backend import Backend, BackendConfig, BackendSpec, free_address
 from sgd.callbacks import TrainingCallback
@@ -67,7 +76,9 @@ __all__ = [
     "TrainingCallback",
     "TrainingFailedError",
     "TrainingIterator",
+    "TrainRunContext",
     "UntrustedCheckpointError",
+    "UserCallback",
     "TrainingHangError",
     "WorkerDiedError",
     "WorkerError",

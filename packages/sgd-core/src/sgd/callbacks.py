@@ -8,7 +8,7 @@ from typing import Any, Dict, List
 class TrainingCallback:
     """Base class for objects that observe a training run on the driver.
 
-    Override any of the three methods; the defaults do nothing. ``**info``
+    Override any of the methods; the defaults do nothing. ``**info``
     carries extra keyword arguments that later versions may add, so accept it.
     """
 
@@ -26,3 +26,14 @@ class TrainingCallback:
 
     def finish_training(self, error: bool = False, **info: Any) -> None:
         """Called once when the run ends, ``error=True`` if it raised."""
+
+    def handle_failure(self, error: BaseException, **info: Any) -> None:
+        """Called each time the run fails (a worker raised or died, a hang, a lost host, a start
+        that failed), before the failure is retried or ends the run; an exception raised here
+        ends the run with it.
+
+        :param error: the failure (a worker's exception has its own type, with an
+            :class:`sgd.WorkerError` naming the rank as its ``__cause__``).
+        :param info: ``phase`` (what the run was doing: ``"training"``, ``"starting the run"``,
+            ``"restarting"``).
+        """

@@ -15,12 +15,15 @@ Re-exports only; the code is in the submodules, one concept each:
 - ``result``: :class:`Result` and Ray Train's result fields;
 - ``data_parallel``: :class:`DataParallelTrainer` (``fit``, ``restore``, Ray Tune);
 - ``tune_callbacks``: Ray Tune callbacks of ``RunConfig(callbacks=...)`` and :class:`TrialView`;
+- ``callback``: Ray Train 2.x's :class:`UserCallback` of ``RunConfig(callbacks=...)`` and its
+  :class:`TrainRunContext`;
 - ``preprocessing``: fitting the trainer's Ray Data preprocessor;
 - ``saved``: what ``air_trainer.json`` may name, for ``restore()``.
 
 The public classes keep ``sgd.air`` as their ``__module__`` (pickles and run directories name them so).
 """
 
+from sgd.air.callback import TrainRunContext, UserCallback
 from sgd.air.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from sgd.air.config_fields import LoggingConfig
 from sgd.air.data_parallel import DataParallelTrainer
@@ -32,4 +35,4 @@ from sgd.air.tune_callbacks import TuneCallbacks as TuneCallbacks
 from sgd.air.tune_callbacks import is_tune_callback as is_tune_callback
 
 __all__ = ["ScalingConfig", "RunConfig", "CheckpointConfig", "FailureConfig", "LoggingConfig", "Result",
-           "DataParallelTrainer"]
+           "DataParallelTrainer", "TrainRunContext", "UserCallback"]

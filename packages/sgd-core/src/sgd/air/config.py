@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from sgd._common.public import public_module
+from sgd.air.callback import is_user_callback
 from sgd.air.config_fields import (
     ACCELERATOR_RESOURCE_PREFIX,
     LoggingConfig,
@@ -326,11 +327,15 @@ class RunConfig:
                 raise ValueError("RunConfig got both storage_path and local_dir (its older name); pass one")
             self.storage_path, self.local_dir = self.local_dir, None
         if self.callbacks is not None:
+            accepted = ("a list of sgd.UserCallback (Ray Train 2.x's callbacks), sgd.TrainingCallback or "
+                        "ray.tune.Callback objects")
+            if not isinstance(self.callbacks, (list, tuple)):
+                raise TypeError(f"RunConfig(callbacks=...) takes {accepted}, got {type(self.callbacks).__name__}")
             bad = [type(c).__name__ for c in self.callbacks
-                   if not isinstance(c, TrainingCallback) and not is_tune_callback(c)]
+                   if not isinstance(c, TrainingCallback) and not is_tune_callback(c) and not is_user_callback(c)]
             if bad:
-                raise TypeError(f"RunConfig(callbacks=...) takes sgd.TrainingCallback or ray.tune.Callback objects, "
-                                f"got {', '.join(bad)}")
+                raise TypeError(f"RunConfig(callbacks=...) takes {accepted}; got {', '.join(bad)}. Subclass "
+                                "sgd.UserCallback and override after_report / after_exception.")
         if self.name is not None and (not self.name or "/" in self.name or self.name in (".", "..")):
             raise ValueError(f"RunConfig(name=...) must be a plain folder name, got {self.name!r}")
         if isinstance(self.storage_path, os.PathLike):  # Ray accepts a pathlib.Path

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Type, Union
 
 from sgd._common.public import public_module
+from sgd.air.callback import user_callbacks_of
 from sgd.air.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from sgd.air.config_fields import check_ray_settings
 from sgd.air.preprocessing import fit_preprocessor, is_preprocessor, needs_fit
@@ -302,16 +303,20 @@ class DataParallelTrainer:
         datasets, configs = prepared if prepared is not None else self.preprocess_datasets()
         checkpoint_config = self.run_config.checkpoint_config or CheckpointConfig()
         own = [c for c in (self.run_config.callbacks or []) if isinstance(c, TrainingCallback)]
-        return trainer.run_iterator(
+        users = user_callbacks_of(self, self.run_config.callbacks)  # Ray 2.x's UserCallbacks; None: none
+        iterator = trainer.run_iterator(
             DiscardReturn(self.train_loop_per_worker),
             config=self.train_loop_config,
             dataset=datasets,
             checkpoint=self.resume_from_checkpoint,  # a restored run's own latest wins
             checkpoint_strategy=checkpoint_config.to_strategy(),
-            callbacks=[*own, *(callbacks or [])],
+            callbacks=[*own, *([users] if users is not None else []), *(callbacks or [])],
             dataset_config=configs or None,
             preprocessor=self.preprocessor,
         )
+        if users is not None:
+            users.checkpoint_for = iterator.checkpoint_for
+        return iterator
 
     # --- restore ----------------------------------------------------------------------
 

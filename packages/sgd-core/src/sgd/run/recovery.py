@@ -64,7 +64,9 @@ class _Recovery:
         ))
 
     def _fail(self, error: BaseException, phase: str) -> None:
-        """Ask the failure policy; the next state is its decision: Restarting or Failing."""
+        """Tell the callbacks, ask the failure policy; the next state is its decision:
+        Restarting or Failing."""
+        self._tell_failure(error, phase)
         failure = Failure(error, phase)
         decision = self._controller.failures.decide(failure)
         if isinstance(decision, Raise):
@@ -80,11 +82,20 @@ class _Recovery:
         if failure is None:
             self._to(Reforming(barrier, 0))
             return
+        self._tell_failure(failure, "training")
         decision = self._controller.failures.decide(Failure(failure, "training"))
         if isinstance(decision, Raise):
             self._to(Failing(decision.error))
         else:
             self._to(Reforming(barrier, decision.attempt))
+
+    def _tell_failure(self, error: BaseException, phase: str) -> None:
+        """``handle_failure`` of every callback that has one (Ray 2.x's ``after_exception`` is
+        called from it), before the policy decides: a failure that is then retried is told too."""
+        for callback in self._spec.callbacks:
+            handle = getattr(callback, "handle_failure", None)
+            if handle is not None:
+                handle(error, phase=phase)
 
     def _recover(self, error: Optional[BaseException], resize: Optional[Resize] = None) -> None:
         """Replace the group (after ``error``, or placed anew by ``resize``) and start the run
