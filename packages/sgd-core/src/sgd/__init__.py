@@ -21,11 +21,13 @@ from sgd.data import DataConfig, DatasetConfig, DatasetShard, cross_validation_f
 from sgd.errors import (
     CheckpointError,
     CheckpointIntegrityError,
+    ControllerError,
     TrainingFailedError,
     TrainingHangError,
     UntrustedCheckpointError,
     WorkerDiedError,
     WorkerError,
+    WorkerGroupError,
 )
 from sgd.hookspecs import hookimpl
 from sgd.predictor import BatchPredictor, Predictor
@@ -60,6 +62,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointIntegrityError",
     "CheckpointStrategy",
+    "ControllerError",
     "DataParallelTrainer",
     "FailureConfig",
     "Result",
@@ -83,6 +86,7 @@ __all__ = [
     "WorkerDiedError",
     "WorkerError",
     "WorkerGroup",
+    "WorkerGroupError",
     "cross_validation_folds",
     "free_address",
     "get_checkpoint",

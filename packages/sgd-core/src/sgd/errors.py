@@ -5,12 +5,17 @@
 starting a run, or mid-run); its ``__cause__`` is the last :class:`WorkerDiedError`.
 A user exception on a worker is re-raised with its own type, and its ``__cause__`` is a
 :class:`WorkerError` carrying the rank and the remote traceback.
+
+The AIR/v2 trainers' ``fit()`` raises, as Ray 2.60's does, a :class:`WorkerGroupError` (a
+worker's exception or death, past ``FailureConfig(max_failures)``) or a
+:class:`ControllerError` (the driver's own: a callback, a placement that timed out); both are
+``TrainingFailedError`` and carry the run's ``Result`` as ``.result``.
 """
 
 from __future__ import annotations
 
 import pickle
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, Type
 
 __all__ = [
     "PeerFailureError",
@@ -18,10 +23,12 @@ __all__ = [
     "ResourcesUnavailableError",
     "CheckpointError",
     "CheckpointIntegrityError",
+    "ControllerError",
     "TrainingFailedError",
     "UntrustedCheckpointError",
     "WorkerDiedError",
     "WorkerError",
+    "WorkerGroupError",
 ]
 
 
@@ -73,7 +80,164 @@ def _portable(cause: BaseException) -> BaseException:
 
 
 class TrainingFailedError(PicklableError, RuntimeError):
-    """Training could not finish: a worker died, or failures outlasted ``max_retries``."""
+    """Training could not finish: a worker died, or failures outlasted ``max_retries``.
+
+    What an AIR/v2 trainer's ``fit()`` raises is one of its subclasses :class:`WorkerGroupError`
+    and :class:`ControllerError` (Ray 2.60's ``ray.train.TrainingFailedError``).
+
+    :ivar result: raised by ``fit()``: the run's :class:`sgd.Result` so far (``path``,
+        ``checkpoint``, ``best_checkpoints``, ``metrics``, ``metrics_dataframe``; its ``error``
+        is this exception), so that nothing of a failed run is lost; else ``None``.
+    """
+
+    result: Any = None
+
+
+class WorkerGroupError(TrainingFailedError):
+    """The training function failed on a worker (it raised, or its process died) and the
+    retries of ``FailureConfig(max_failures)`` ran out: what ``fit()`` raises then, as Ray 2.60's
+    ``ray.train.WorkerGroupError``.
+
+    The exception ``fit()`` raises for a worker's own exception is also an instance of that
+    exception's class (as Ray AIR 2.x's was), so ``except ValueError:`` written for AIR and
+    ``except sgd.WorkerGroupError:`` written for Ray 2.60 both catch it; attributes it lacks are
+    read from the worker's exception. Its ``__cause__`` is the worker's exception.
+
+    :param error_message: what failed, in words.
+    :param worker_failures: the exception of each worker that failed, by world rank: the
+        worker's own exception in its original type (its ``__cause__`` the
+        :class:`WorkerError` with the remote traceback), or the :class:`WorkerDiedError` of a
+        death. sgd stops the run at the first failure, so it holds one rank.
+    :param result: see :attr:`TrainingFailedError.result`.
+    """
+
+    def __init__(self, error_message: str, worker_failures: Dict[int, BaseException], result: Any = None):
+        BaseException.__init__(self, "Training failed due to worker errors:\n" + error_message)
+        self._error_message = error_message
+        self.worker_failures = dict(worker_failures)
+        self.result = result
+
+    def __reduce__(self) -> Tuple[Any, ...]:
+        _, (cls, args), state = super().__reduce__()
+        # A plain exception's pickle drops its __cause__ (the WorkerError with the remote traceback).
+        state["worker_failures"] = {r: _sendable(e) for r, e in self.worker_failures.items()}
+        state["_failure_causes"] = {r: _portable(e.__cause__) for r, e in self.worker_failures.items()
+                                    if e.__cause__ is not None}
+        return _reduce_failed(self, args, state)
+
+    def __setstate__(self, state: Optional[Dict[str, Any]], /) -> None:
+        state = dict(state or {})
+        causes = state.pop("_failure_causes", {})
+        super().__setstate__(state)
+        for rank, cause in causes.items():
+            failure = self.worker_failures.get(rank)
+            if failure is not None and failure.__cause__ is None:
+                failure.__cause__ = cause
+
+
+class ControllerError(TrainingFailedError):
+    """Training failed on the driver, not on a worker: a callback raised, the workers could
+    not be placed in time, a preprocessor failed. What ``fit()`` raises then, as Ray 2.60's
+    ``ray.train.ControllerError``; also an instance of ``controller_failure``'s class (see
+    :class:`WorkerGroupError`). Never retried.
+
+    :param controller_failure: the driver's exception (also this one's ``__cause__``).
+    :param result: see :attr:`TrainingFailedError.result`.
+    """
+
+    def __init__(self, controller_failure: BaseException, result: Any = None):
+        BaseException.__init__(self, "Training failed due to controller error:\n" + str(controller_failure))
+        self.controller_failure = controller_failure
+        self.result = result
+
+    def __reduce__(self) -> Tuple[Any, ...]:
+        _, (cls, args), state = super().__reduce__()
+        state["controller_failure"] = _sendable(self.controller_failure)
+        return _reduce_failed(self, args, state)
+
+
+#: (sgd's class, the failure's class) → the class that is both (see :func:`also_instance_of`)
+_BOTH: Dict[Tuple[type, type], type] = {}
+
+
+def also_instance_of(base: Type[TrainingFailedError], failure: BaseException) -> Type[TrainingFailedError]:
+    """A subclass of ``base`` (:class:`WorkerGroupError` or :class:`ControllerError`) that is
+    also one of ``failure``'s class, as Ray AIR 2.x's ``RayTaskError`` was of the user's
+    exception; ``base`` itself when ``failure`` is sgd's own failure or its class cannot be
+    combined (a layout conflict, a final class). Its ``str`` is ``base``'s message; attributes
+    it lacks are read from ``failure``."""
+    kind = type(failure)
+    if isinstance(failure, TrainingFailedError) or not isinstance(failure, Exception) or issubclass(base, kind):
+        return base
+    return _both(base, kind)
+
+
+def _both(base: type, kind: type) -> type:
+    key = (base, kind)
+    if key not in _BOTH:
+        try:
+            _BOTH[key] = type(f"{base.__name__}({kind.__name__})", (base, kind), {
+                "__module__": base.__module__, "__qualname__": f"{base.__qualname__}({kind.__qualname__})",
+                "__str__": BaseException.__str__, "__repr__": BaseException.__repr__,
+                "__getattr__": _read_from_original})
+        except Exception:
+            _BOTH[key] = base
+    return _BOTH[key]
+
+
+def _read_from_original(self: BaseException, name: str) -> Any:
+    """An attribute the exception lacks, read from the failure it stands for."""
+    if name.startswith("__"):
+        raise AttributeError(name)
+    state = self.__dict__
+    original = state.get("controller_failure")
+    if original is None:
+        original = next(iter((state.get("worker_failures") or {}).values()), None)
+    if original is None:
+        raise AttributeError(name)
+    return getattr(original, name)
+
+
+def _sendable(exc: BaseException) -> BaseException:
+    """``exc`` if it pickles (by cloudpickle, which Ray uses, when plain pickle cannot), else
+    the :class:`WorkerError` it came with, else a ``RuntimeError`` naming it."""
+    try:
+        pickle.dumps(exc)
+        return exc
+    except Exception:
+        pass
+    try:
+        import ray.cloudpickle as cloudpickle
+
+        cloudpickle.dumps(exc)
+        return exc
+    except Exception:
+        cause = exc.__cause__
+        return cause if isinstance(cause, WorkerError) else _portable(exc)
+
+
+def _reduce_failed(exc: TrainingFailedError, args: Tuple[Any, ...], state: Dict[str, Any]) -> Tuple[Any, ...]:
+    """How :class:`WorkerGroupError` / :class:`ControllerError` pickle: by their plain class
+    and, for one made by :func:`also_instance_of`, the failure's class it is also one of."""
+    plain = next(k for k in type(exc).__mro__ if k in (WorkerGroupError, ControllerError))
+    extra = next((k for k in type(exc).__bases__ if k is not plain), None)
+    if extra is not None:
+        try:
+            pickle.dumps(extra)
+        except Exception:
+            extra = None  # a class only cloudpickle can carry: rebuilt as the plain class
+    return (_rebuild_failed, (plain, extra, args), state)
+
+
+def _rebuild_failed(plain: type, extra: Optional[type], args: Tuple[Any, ...]) -> BaseException:
+    cls = plain if extra is None else _both(plain, extra)
+    # Made by the builtin base that lays the instance out (OSError's for an OSError), as cls(...) would be.
+    maker = cls
+    while maker.__module__ != "builtins":
+        maker = maker.__base__
+    exc = maker.__new__(cls, *args)
+    BaseException.__init__(exc, *args)
+    return exc
 
 
 class WorkerDiedError(TrainingFailedError):

@@ -17,6 +17,7 @@ from sgd._common.public import public_module
 from sgd.air.callback import user_callbacks_of
 from sgd.air.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from sgd.air.config_fields import check_ray_settings
+from sgd.air.outcome import ReturnValue, first_return, training_failed
 from sgd.air.preprocessing import fit_preprocessor, is_preprocessor, needs_fit
 from sgd.air.result import Result
 from sgd.air.saved import SAVED_CONFIGS, backend_name, config_of_backend, subclasses
@@ -60,8 +61,10 @@ class DataParallelTrainer:
     ``DataConfig()``) **every** dataset is split among the workers;
     ``DataConfig(datasets_to_split=[...])`` splits only those and gives the others whole to every
     worker. A dict of :class:`sgd.DatasetConfig` keeps Ray AIR 2.x's rules: ``"train"`` split,
-    every other dataset whole to every worker unless its ``DatasetConfig`` says otherwise. The
-    loop's return value is discarded, as in Ray AIR (``sgd.Trainer.run`` returns it).
+    every other dataset whole to every worker unless its ``DatasetConfig`` says otherwise.
+
+    Rank 0's return value of the loop is ``Result.return_value`` when it pickles (Ray 2.60's;
+    ``sgd.Trainer.run`` returns every rank's).
     """
 
     _default_backend_config: Callable[[], BackendConfig] = BackendConfig
@@ -204,14 +207,28 @@ class DataParallelTrainer:
         )
 
     def fit(self) -> Result:
-        """Train; the :class:`Result`, whose ``error`` is set if training failed (never raises for it).
+        """Train; the :class:`Result` of the run (``return_value``: rank 0's return value of the
+        training function, when it pickles).
 
+        A failed run raises, as Ray 2.60's ``fit()`` does (and Ray AIR 2.x's did), with the run's
+        :class:`Result` so far as the exception's ``.result`` (``path``, ``checkpoint``,
+        ``best_checkpoints``, ``metrics``), so that nothing is lost. An exception of the training
+        function (and a worker's death) is first retried from the latest checkpoint, up to
+        ``FailureConfig(max_failures)`` times.
+
+        :raises sgd.WorkerGroupError: the training function failed on a worker (raised, or its
+            process died) past ``max_failures``; ``worker_failures`` holds the worker's exception by
+            rank, and the exception is also an instance of the worker's exception's class.
+        :raises sgd.ControllerError: the driver failed (a callback raised, the workers could not
+            be placed in time, a preprocessor failed); also an instance of that error's class.
+            Both are ``sgd.TrainingFailedError``.
         :raises ValueError: a setting this trainer cannot honour (``CheckpointConfig(checkpoint_frequency=...)``),
             before anything runs.
         """
         self.check_settings()
         trainer = self.make_trainer()
         error: Optional[BaseException] = None
+        returns: Optional[list] = None
         previous_progress = os.environ.get("SGD_PROGRESS")
         if self.run_config.verbose == 0:
             os.environ["SGD_PROGRESS"] = "0"
@@ -226,9 +243,10 @@ class DataParallelTrainer:
                 self._save_for_restore(trainer.latest_run_dir)
                 for _ in iterator:
                     pass
+                returns = iterator.get_final_results()
             finally:
                 trainer.shutdown()
-        except Exception as exc:  # a training error is the result's, not the caller's
+        except Exception as exc:  # raised below, with the run's result attached
             error = exc
             logger.error("training failed: %s: %s", type(exc).__name__, exc)
         finally:
@@ -238,10 +256,24 @@ class DataParallelTrainer:
                 else:
                     os.environ["SGD_PROGRESS"] = previous_progress
             tune_callbacks.end(error)
-        run_dir = trainer.latest_run_dir
-        if run_dir is None:
-            return Result(metrics=None, checkpoint=None, error=error, path=None)
-        return Result.from_path(run_dir, error=error, checkpoint_cls=self._checkpoint_cls)
+        result = self._result(trainer.latest_run_dir, error)
+        if error is not None:
+            raise training_failed(error, result) from error
+        result.return_value = first_return(returns)
+        return result
+
+    def _result(self, run_dir: Optional[Path], error: Optional[BaseException]) -> Result:
+        """The run's :class:`Result`, read from its run directory (empty if it has none yet)."""
+        if run_dir is not None:
+            try:
+                return Result.from_path(run_dir, error=error, checkpoint_cls=self._checkpoint_cls)
+            except Exception:
+                if error is None:
+                    raise
+                # The run's error is what the caller needs; what could be read is kept.
+                logger.exception("reading the failed run's result from %s failed", run_dir)
+                return Result(metrics=None, checkpoint=None, error=error, path=str(run_dir))
+        return Result(metrics=None, checkpoint=None, error=error, path=None)
 
     def check_settings(self) -> None:
         """Raise ``ValueError`` for settings this trainer cannot honour (called by ``fit()``)."""
@@ -299,13 +331,14 @@ class DataParallelTrainer:
         """Start this trainer's loop on ``trainer`` (an :class:`sgd.Trainer` made by
         :meth:`make_trainer`, started); the :class:`sgd.TrainingIterator`. ``fit()`` and
         sgd-tune's trials run it. The datasets are preprocessed first (unless ``prepared``, what
-        :meth:`preprocess_datasets` returned, is given); the loop's return value is discarded."""
+        :meth:`preprocess_datasets` returned, is given); rank 0's return value of the loop is the
+        run's (:class:`sgd.air.outcome.ReturnValue`), the others' are dropped."""
         datasets, configs = prepared if prepared is not None else self.preprocess_datasets()
         checkpoint_config = self.run_config.checkpoint_config or CheckpointConfig()
         own = [c for c in (self.run_config.callbacks or []) if isinstance(c, TrainingCallback)]
         users = user_callbacks_of(self, self.run_config.callbacks)  # Ray 2.x's UserCallbacks; None: none
         iterator = trainer.run_iterator(
-            DiscardReturn(self.train_loop_per_worker),
+            ReturnValue(self.train_loop_per_worker),
             config=self.train_loop_config,
             dataset=datasets,
             checkpoint=self.resume_from_checkpoint,  # a restored run's own latest wins

@@ -18,7 +18,8 @@ from sgd.runs import checkpoints, read_settings, result_rows, run_status
 @public_module("sgd.air")
 @dataclass
 class Result:
-    """What ``fit()`` returns, also when training failed (then ``error`` is set).
+    """What ``fit()`` returns; a failed ``fit()`` raises with one as the exception's ``.result``
+    (then ``error`` is set).
 
     :ivar metrics: the last report of rank 0 (``None`` if there was none), with Ray Train's
         result fields added: ``training_iteration``, ``time_this_iter_s``, ``time_total_s``,
@@ -29,7 +30,12 @@ class Result:
     :ivar best_checkpoints: ``(checkpoint, metrics)`` for every kept checkpoint in Ray's order:
         ascending by the ``CheckpointConfig`` score (the worst first, the best last; NaN or a
         missing score ranks worst); without a score attribute, by recency (oldest first).
-    :ivar error: the exception that ended training (the worker's own type), or ``None``.
+    :ivar error: the exception that ended training, or ``None``. ``fit()`` raises it (a
+        :class:`sgd.TrainingFailedError`, whose ``.result`` is this result) rather than returning a
+        failed result.
+    :ivar return_value: the training function's return value on rank 0, as Ray 2.60's
+        ``Result.return_value``: ``None`` if it returned nothing, its value did not pickle, or
+        training did not finish (or the result was read back with :meth:`from_path`).
     :ivar path: the run directory (``<storage>/<name>/run_NNN``).
     """
 
@@ -38,6 +44,7 @@ class Result:
     error: Optional[BaseException] = None
     path: Optional[str] = None
     best_checkpoints: List[Tuple[Checkpoint, Dict[str, Any]]] = field(default_factory=list)
+    return_value: Optional[Any] = None
     _rows: List[Dict[str, Any]] = field(default_factory=list, repr=False)
 
     @property
