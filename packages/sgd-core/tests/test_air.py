@@ -49,7 +49,7 @@ def test_fit_returns_result_with_directory_checkpoints(ray_cluster, tmp_path):
     )
     result = trainer.fit()
     assert result.error is None
-    assert Path(result.path) == tmp_path / "exp" / "run_001"
+    assert Path(result.path) == tmp_path / "exp"  # Ray 2.60's layout: storage_path/name
     assert result.metrics["epoch"] == 3 and result.metrics["_training_iteration"] == 4
     df = result.metrics_dataframe
     assert list(df["epoch"]) == [0, 1, 2, 3]
@@ -64,16 +64,15 @@ def test_fit_returns_result_with_directory_checkpoints(ray_cluster, tmp_path):
         "checkpoint_000002", "checkpoint_000003", "checkpoint_000004"]
     # The reports reached results.jsonl without the checkpoint payload.
     assert all("_sgd_checkpoint" not in row for row in df.to_dict("records"))
-    assert Path(result.path).parent == tmp_path / "exp"
 
-    # resume_from_checkpoint: the loop starts after the checkpoint's epoch.
+    # resume_from_checkpoint: a new run's loop starts after the checkpoint's epoch.
     again = DataParallelTrainer(counting_loop, train_loop_config={"epochs": 6},
                                 scaling_config=ScalingConfig(num_workers=2),
-                                run_config=RunConfig(name="exp", storage_path=str(tmp_path)),
+                                run_config=RunConfig(name="exp_2", storage_path=str(tmp_path)),
                                 resume_from_checkpoint=result.checkpoint).fit()
     assert again.error is None
     assert list(again.metrics_dataframe["epoch"]) == [4, 5]
-    assert Path(again.path).name == "run_002"
+    assert Path(again.path) == tmp_path / "exp_2"
 
 
 def test_context_experiment_name_is_the_run_configs(ray_cluster, tmp_path):
@@ -205,7 +204,7 @@ def test_restore_continues_a_run_whose_driver_died(ray_cluster, tmp_path):
                             scaling_config=ScalingConfig(num_workers=2),
                             run_config=RunConfig(name="exp", storage_path={str(tmp_path)!r})).fit()
     """)
-    run_dir = tmp_path / "exp" / "run_001"
+    run_dir = tmp_path / "exp"
     sigkill_when(script, lambda: (run_dir / "checkpoints" / "checkpoint_000003").is_dir(),
                  message="the driver never wrote checkpoint 3")
 

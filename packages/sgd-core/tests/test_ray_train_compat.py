@@ -65,7 +65,7 @@ def test_result_metrics_carry_ray_train_fields(ray_cluster, tmp_path, monkeypatc
     assert isinstance(m["pid"], int) and m["pid"] != os.getpid()
     assert len(m["date"]) == len("2026-01-01_00-00-00")
     assert m["config"] == {"lr": 0.1}
-    assert m["done"] is True and m["trial_id"] == "run_001"
+    assert m["done"] is True and m["trial_id"] == "ray_fields"
     # The underscore detailed keys stay off unless the switch is on, as for callbacks.
     assert not set(DETAILED) & set(m)
     df = result.metrics_dataframe

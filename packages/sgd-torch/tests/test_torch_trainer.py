@@ -77,8 +77,9 @@ def test_ddp_with_directory_checkpoints_and_resume(ray_cluster, tmp_path):
         saved = torch.load(os.path.join(d, "model.pt"))
     assert saved["epoch"] == 5
 
+    # A new run (another name: the same one would resume "ddp", Ray 2.60's rule) from the checkpoint.
     more = TorchTrainer(ddp_loop, {"epochs": 8}, ScalingConfig(num_workers=2),
-                        run_config=RunConfig(name="ddp", storage_path=str(tmp_path)),
+                        run_config=RunConfig(name="ddp_more", storage_path=str(tmp_path)),
                         resume_from_checkpoint=result.checkpoint).fit()
     assert more.error is None
     assert list(more.metrics_dataframe["epoch"]) == [6, 7]

@@ -46,6 +46,7 @@ from sgd.session import (
     world_rank,
     world_size,
 )
+from sgd.storage.errors import RunFormatError, RunInUseError, RunNotFoundError
 from sgd.trainer import Trainer, TrainingIterator
 from sgd.worker_group import ResourcesUnavailableError, WorkerGroup
 from sgd.worker_group.keep import keep_workers, kept_workers
@@ -75,6 +76,9 @@ __all__ = [
     "PreemptionInfo",
     "Predictor",
     "ResourcesUnavailableError",
+    "RunFormatError",
+    "RunInUseError",
+    "RunNotFoundError",
     "Trainer",
     "TrainingCallback",
     "TrainingFailedError",

@@ -125,11 +125,13 @@ def make_air_trainable(base: Any) -> Callable[[Dict[str, Any]], None]:
 def _started_trainer(trainer: Any) -> Any:
     """The sgd trainer for this trial: the one kept from the previous trial on this actor if
     its settings match (its workers reused), else a new one, started."""
-    made = trainer.make_trainer()
+    # A new run_NNN in the trial's folder for each call: Tune decides what a trial resumes from
+    # (tune.get_checkpoint()), not the folder's latest run (a PBT exploit hands another trial's).
+    made = trainer.make_trainer(numbered_runs=True)
     key = _settings_key(made)
     kept = _KEPT["trainer"]
     if kept is not None and _KEPT["key"] == key and trainer.resuming_run_dir is None:
-        kept.logdir, kept.max_retries = made.logdir, made.max_retries
+        kept.logdir, kept.run_dir, kept.max_retries = made.logdir, made.run_dir, made.max_retries
         kept.retry_worker_errors = made.retry_worker_errors
         return kept
     _shutdown_kept()

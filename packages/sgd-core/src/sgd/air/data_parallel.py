@@ -7,7 +7,6 @@ engine (same fault tolerance, checkpoints, run directory) and turns the run dire
 
 from __future__ import annotations
 
-import datetime
 import logging
 import os
 from pathlib import Path
@@ -20,18 +19,21 @@ from sgd.air.config_fields import check_ray_settings
 from sgd.air.outcome import ReturnValue, first_return, training_failed
 from sgd.air.preprocessing import fit_preprocessor, is_preprocessor, needs_fit
 from sgd.air.result import Result
+from sgd.air.run_folder import run_folder
 from sgd.air.saved import SAVED_CONFIGS, backend_name, config_of_backend, subclasses
 from sgd.air.tune_callbacks import TuneCallbacks
 from sgd.backend import BackendConfig
 from sgd.callbacks import TrainingCallback
 from sgd.checkpoint import Checkpoint
-from sgd.checkpoint.storage import is_uri
 from sgd.data import DataConfig, DatasetConfig
 from sgd.data.data_config import split_configs
 from sgd.plugins import get_plugin_manager
+from sgd.runs import find_run
 from sgd.storage import saved_trainer
+from sgd.storage.errors import RunNotFoundError
+from sgd.storage.lock import check_free
 from sgd.trainer import Trainer
-from sgd.utils import results_root, wrap_train_func
+from sgd.utils import wrap_train_func
 
 logger = logging.getLogger("sgd")
 
@@ -148,31 +150,32 @@ class DataParallelTrainer:
 
     # --- running ----------------------------------------------------------------------
 
-    def _experiment_dir(self) -> Tuple[Path, Optional[str]]:
-        """The local folder runs go to, and the storage URI checkpoints are mirrored to."""
-
-        name = self.run_config.name or (
-            f"{type(self).__name__}_{datetime.datetime.now().strftime('%Y-%m-%d_%H-%M-%S')}")
-        storage = self.run_config.storage_path
-        if storage is None:
-            return results_root() / name, None
-        if is_uri(str(storage)):
-            return results_root() / name, str(storage)
-        return Path(storage).expanduser().resolve() / name, None
+    def _experiment_dir(self, numbered_runs: bool = False) -> Tuple[Path, Optional[str]]:
+        """The run's folder (``storage_path/name``; with ``numbered_runs`` the folder its
+        ``run_NNN`` go into), and the storage URI checkpoints are mirrored to."""
+        return run_folder(type(self).__name__, self.run_config, numbered_runs)
 
     @property
     def resuming_run_dir(self) -> Optional[Path]:
         """The run directory a trainer made by :meth:`restore` continues, else ``None``."""
         return self._restore_run_dir
 
-    def make_trainer(self) -> Trainer:
+    def make_trainer(self, numbered_runs: bool = False) -> Trainer:
         """The :class:`sgd.Trainer` that :meth:`fit` runs, not started: the scaling, run and
         failure configs applied (for a restored trainer, one that continues its run directory).
         sgd-tune runs each trial on one.
 
+        Its runs go into ``storage_path/name`` itself (``Trainer(run_dir=...)``), where a run
+        already there is resumed from its newest checkpoint that verifies (Ray 2.60's resume by
+        name). ``numbered_runs=True``: each run in a new ``storage_path/name/run_NNN`` instead,
+        never resuming (what sgd-tune's trials do: Tune decides what a trial resumes from).
+
         ``FailureConfig(max_failures)`` becomes its ``max_retries`` with
         ``retry_worker_errors=True``: an exception raised by the training function is retried
-        from the latest checkpoint like a worker's death, as Ray 2.x does."""
+        from the latest checkpoint like a worker's death, as Ray 2.x does.
+
+        :raises sgd.RunInUseError: another driver is running in the run's folder now.
+        """
         sc = self.scaling_config
         check_ray_settings(sc, self.run_config)
         if self.run_config.logging_config is not None:
@@ -180,6 +183,7 @@ class DataParallelTrainer:
         failure_config = self.run_config.failure_config or FailureConfig()
         failures = failure_config.max_failures
         if self._restore_run_dir is not None:
+            check_free(self._restore_run_dir)
             trainer = Trainer.restore(self._restore_run_dir, backend=self.backend_config,
                                       trusted=self.__dict__.get("_restore_trusted"))
             trainer.max_retries = failures
@@ -189,7 +193,9 @@ class DataParallelTrainer:
             if failure_config.hang_timeout_s is not None:
                 trainer.hang_timeout_s = float(failure_config.hang_timeout_s)
             return trainer
-        logdir, mirror = self._experiment_dir()
+        folder, mirror = self._experiment_dir(numbered_runs)
+        if not numbered_runs:
+            check_free(folder)  # another driver in the run: say so before any worker starts
         return Trainer(
             backend=self.backend_config,
             num_workers=sc.num_workers,
@@ -197,7 +203,8 @@ class DataParallelTrainer:
             # accelerator_type / use_tpu add Ray resources to what each worker reserves
             resources_per_worker=sc.resources_per_worker_resolved if sc.accelerator_type or sc.use_tpu
             else sc.resources_per_worker,
-            logdir=logdir,
+            logdir=folder if numbered_runs else None,
+            run_dir=None if numbered_runs else folder,
             max_retries=failures,
             storage_path=mirror,
             placement_strategy=sc.placement_strategy,
@@ -363,15 +370,25 @@ class DataParallelTrainer:
 
     @classmethod
     def can_restore(cls, path: Union[str, os.PathLike]) -> bool:
-        """Whether ``path`` is a run directory this trainer can continue."""
-        run = Path(path).expanduser()
+        """Whether ``path`` names a run this trainer can continue: ``result.path``
+        (``storage_path/name``), or an experiment folder of numbered runs written before
+        2026-11-29 (its latest ``run_NNN``). ``False`` for a folder with no such run, or one a
+        newer sgd wrote (:meth:`restore` says which)."""
+        try:
+            run = find_run(path)
+        except (FileNotFoundError, ValueError):
+            return False
         return (run / "trainer.json").exists() and saved_trainer.exists(run)
 
     @classmethod
     def restore(cls, path: Union[str, os.PathLike], train_loop_per_worker: Optional[Callable[..., Any]] = None,
                 train_loop_config: Optional[Dict[str, Any]] = None, datasets: Optional[Dict[str, Any]] = None,
                 trusted: Optional[bool] = None, **overrides: Any) -> DataParallelTrainer:
-        """A trainer that continues the run in ``path`` (``result.path``), e.g. after its driver died.
+        """A trainer that continues the run in ``path`` (``result.path``, ``storage_path/name``; an
+        experiment folder of numbered runs written before 2026-11-29 stands for its latest
+        ``run_NNN``), e.g. after its driver died. Running the trainer again with the same
+        ``RunConfig(name, storage_path)`` does the same with the settings you pass
+        (Ray 2.60's way, where ``restore`` is deprecated).
 
         ``fit()`` goes on in the same run directory from its latest checkpoint; reports
         already in it are not repeated. Datasets are not saved with the run: pass them
@@ -386,17 +403,19 @@ class DataParallelTrainer:
         objects (see :class:`sgd.Checkpoint`). The run goes on from its newest checkpoint that
         verifies.
 
-        :raises FileNotFoundError: ``path`` is not a run directory ``fit()`` wrote.
+        :raises sgd.RunNotFoundError: ``path`` holds no run (a ``FileNotFoundError``), or not
+            one ``fit()`` wrote.
+        :raises sgd.RunFormatError: the run was written by a newer sgd (a ``ValueError``).
         :raises TypeError: an argument that is not one of the trainer's, or the run was written
             by another trainer class.
         """
         from sgd.checkpoint.codecs import resolve_trusted
 
-        run = Path(path).expanduser().resolve()
+        run = find_run(path)
         if not (run / "trainer.json").exists():
-            raise FileNotFoundError(f"{run} is not an sgd run directory (no trainer.json); pass result.path")
+            raise RunNotFoundError(f"{run} is not an sgd run directory (no trainer.json); pass result.path")
         if not saved_trainer.exists(run):
-            raise FileNotFoundError(f"{run} has no {saved_trainer.STATE_FILE}; it was not started by "
+            raise RunNotFoundError(f"{run} has no {saved_trainer.STATE_FILE}; it was not started by "
                                     f"{cls.__name__}.fit() (or by a version of sgd before 2026-11-26)")
         saved = saved_trainer.SavedTrainer(run)
         saved_cls: Any = saved.saved_class(

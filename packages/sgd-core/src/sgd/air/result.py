@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple, Type, Union
 from sgd._common.protocol import detailed_metrics_enabled, strip_detailed
 from sgd._common.public import public_module
 from sgd.checkpoint import Checkpoint
-from sgd.runs import checkpoints, read_settings, result_rows, run_status
+from sgd.runs import checkpoints, find_run, read_settings, result_rows, run_status
 
 
 @public_module("sgd.air")
@@ -36,7 +36,9 @@ class Result:
     :ivar return_value: the training function's return value on rank 0, as Ray 2.60's
         ``Result.return_value``: ``None`` if it returned nothing, its value did not pickle, or
         training did not finish (or the result was read back with :meth:`from_path`).
-    :ivar path: the run directory (``<storage>/<name>/run_NNN``).
+    :ivar path: the run's folder on the driver's disk: ``<storage_path>/<name>`` (Ray 2.60's
+        layout; under the results root when ``storage_path`` is a URI, to which the checkpoints
+        are mirrored), or ``<logdir>/run_NNN`` for a Tune trial's run or a ``Trainer``'s.
     """
 
     metrics: Optional[Dict[str, Any]]
@@ -57,16 +59,25 @@ class Result:
         return pd.DataFrame(self._rows)
 
     @classmethod
-    def from_path(cls, path: Union[str, os.PathLike], error: Optional[BaseException] = None,
-                  checkpoint_cls: Type[Checkpoint] = Checkpoint) -> Result:
-        """The result of the run in ``path`` (a run directory), read from disk.
+    def from_path(cls, path: Union[str, os.PathLike], storage_filesystem: Any = None, *,
+                  error: Optional[BaseException] = None, checkpoint_cls: Type[Checkpoint] = Checkpoint) -> Result:
+        """The result of the run in ``path``, read from disk: ``result.path`` (an AIR trainer's
+        ``storage_path/name``, or a ``run_NNN``), or a folder of numbered runs (a ``Trainer``'s
+        logdir, an AIR experiment written before 2026-11-29), which stands for its latest run.
 
+        :param storage_filesystem: Ray 2.60's argument: ``None`` or a local ``pyarrow.fs``
+            filesystem (``LocalFileSystem``, or a ``SubTreeFileSystem`` over one). sgd keeps a
+            run's results on the driver's disk and mirrors only its checkpoints to a storage URI,
+            so a run is read from its local folder.
+        :param error: the exception that ended the run (``fit()`` passes it).
         :param checkpoint_cls: the class of ``checkpoint`` and ``best_checkpoints``
             (``sgd_torch.TorchCheckpoint`` for a ``TorchTrainer``'s result).
+        :raises sgd.RunNotFoundError: ``path`` holds no sgd run (also a ``FileNotFoundError``
+            and, as Ray raises, a ``RuntimeError``); the message says what a run folder holds.
+        :raises sgd.RunFormatError: the run was written by a newer sgd (a ``ValueError``).
+        :raises ValueError: ``path`` is a remote URI, or ``storage_filesystem`` not a local one.
         """
-        run = Path(path).expanduser().resolve()
-        if not run.is_dir():
-            raise FileNotFoundError(f"no run directory at {run}")
+        run = find_run(local_path(path, storage_filesystem))
 
         rows = [r[0] for r in result_rows(run)]
         _add_ray_fields(run, rows, finished=error is None)
@@ -94,6 +105,30 @@ class Result:
     def __repr__(self) -> str:
         return (f"Result(metrics={self.metrics!r}, checkpoint={self.checkpoint!r}, "
                 f"error={self.error!r}, path={self.path!r})")
+
+
+def local_path(path: Union[str, os.PathLike], storage_filesystem: Any = None) -> Path:
+    """``path`` on this machine's disk: a plain path, a ``file://`` URI, or a path of a local
+    ``pyarrow.fs`` filesystem (a ``SubTreeFileSystem`` adds its base path).
+
+    :raises ValueError: a remote URI or filesystem (sgd mirrors only checkpoints there).
+    """
+    where = os.fspath(path)
+    fs = storage_filesystem
+    if fs is not None and type(fs).__name__ == "SubTreeFileSystem":
+        where, fs = os.path.join(fs.base_path, where.lstrip("/")), fs.base_fs
+    if fs is not None and type(fs).__name__ != "LocalFileSystem":
+        raise ValueError(f"Result.from_path reads a run from the driver's disk, not from {type(fs).__name__}: sgd "
+                         "mirrors only a run's checkpoints to remote storage. Pass the run's local folder "
+                         "(result.path) without storage_filesystem.")
+    if where.startswith("file://"):
+        from urllib.parse import unquote, urlparse
+
+        where = unquote(urlparse(where).path)
+    elif "://" in where:
+        raise ValueError(f"Result.from_path({where!r}): sgd keeps a run's results on the driver's disk and mirrors "
+                         "only its checkpoints to remote storage; pass the run's local folder (result.path).")
+    return Path(where).expanduser()
 
 
 #: Ray Train's result field → the autofilled sgd key it is read from.

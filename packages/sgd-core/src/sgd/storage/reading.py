@@ -1,7 +1,7 @@
-"""Reading run directories back: the one reader of what :class:`sgd.Trainer` writes under
-``logdir/run_NNN`` (the writer is :mod:`sgd.storage.run_dir`; the public name of this module
-is :mod:`sgd.runs`). ``sgd runs ls`` / ``sgd runs
-show``, :meth:`sgd.Result.from_path` and :meth:`sgd.Trainer.restore` all read through here.
+"""Reading run directories back: the one reader of what :class:`sgd.Trainer` writes into a run
+folder (``logdir/run_NNN``; an AIR trainer's ``storage_path/name``) (the writer is
+:mod:`sgd.storage.run_dir`; the public name of this module is :mod:`sgd.runs`). ``sgd runs ls`` /
+``sgd runs show``, :meth:`sgd.Result.from_path` and :meth:`sgd.Trainer.restore` all read through here.
 
 Everything here only reads: a run that is still going is not disturbed. A run whose driver
 was killed shows ``DRIVER_DIED`` when the driver ran on this host (its pid is gone), else
@@ -21,11 +21,15 @@ from typing import Any, Dict, Iterator, List, Optional, Union
 from sgd._common.public import public_module
 from sgd.checkpoint import METADATA_FILE
 from sgd.checkpoint.integrity import check, checkpoint_dirs
+from sgd.storage.errors import RunFormatError, RunNotFoundError
 from sgd.utils import results_root
 
 __all__ = [
+    "RUN_FORMAT_VERSION",
     "RunInfo",
+    "check_format",
     "checkpoints",
+    "find_run",
     "find_runs",
     "is_run_dir",
     "last_iteration",
@@ -42,8 +46,13 @@ __all__ = [
 RESULTS_FILE = "results.jsonl"
 #: The trainer's settings (what ``Trainer.restore`` rebuilds the trainer from).
 SETTINGS_FILE = "trainer.json"
-#: ``{"status": ..., "time": ..., "pid": ..., "host": ...}`` of the run's driver.
+#: ``{"status": ..., "time": ..., "pid": ..., "host": ..., "attempt": ...}`` of the run's driver.
 STATUS_FILE = "status.json"
+#: The version of the run folder's format, kept in ``trainer.json`` as ``format_version`` (a run
+#: without one was written before 2026-11-29, in format 1). A reader refuses a newer one.
+RUN_FORMAT_VERSION = 1
+#: What a run folder holds, for the messages of the errors that say a folder is not one.
+RUN_FOLDER_FILES = f"{SETTINGS_FILE}, {STATUS_FILE}, {RESULTS_FILE}, checkpoints/"
 
 _RUN = re.compile(r"^run_(\d+)$")
 #: How deep ``find_runs`` looks below the folder it is given (results root / logdir / run_NNN).
@@ -104,26 +113,68 @@ def find_runs(root: Union[str, os.PathLike]) -> List[Path]:
     return sorted(walk(root, 0), key=_natural_key)
 
 
-def resolve_run_dir(path: Union[str, os.PathLike]) -> Path:
-    """The run directory ``path`` names: as given, else under the results root; a logdir
-    stands for its latest ``run_NNN``.
+def find_run(path: Union[str, os.PathLike]) -> Path:
+    """The run ``path`` names, in either layout: a run folder itself (an AIR trainer's
+    ``storage_path/name``, or a ``run_NNN``), or a folder of numbered runs (a ``Trainer``'s
+    logdir, an AIR experiment written before 2026-11-29): its latest ``run_NNN``.
 
-    :raises FileNotFoundError: no run directory there.
+    :raises RunNotFoundError: no run there (the message says what a run folder holds).
+    :raises RunFormatError: the run was written by a newer sgd (:func:`check_format`).
     """
-
     given = Path(path).expanduser()
-    candidates = [given]
-    if not given.is_absolute():
-        candidates.append(results_root() / given)
-    for candidate in candidates:
-        if is_run_dir(candidate):
-            return candidate.resolve()
-        if candidate.is_dir():
-            runs = sorted((p for p in candidate.iterdir() if _RUN.match(p.name) and is_run_dir(p)),
-                          key=lambda p: int(_RUN.match(p.name).group(1)))  # type: ignore[union-attr]
-            if runs:
-                return runs[-1].resolve()
-    raise FileNotFoundError(f"{path} is not an sgd run directory (no {SETTINGS_FILE} or {STATUS_FILE})")
+    if is_run_dir(given):
+        return check_format(given.resolve())
+    if given.is_dir():
+        runs = sorted((p for p in given.iterdir() if _RUN.match(p.name) and is_run_dir(p)),
+                      key=lambda p: int(_RUN.match(p.name).group(1)))  # type: ignore[union-attr]
+        if runs:
+            return check_format(runs[-1].resolve())
+        what = "a folder that holds no sgd run"
+    else:
+        what = "a file, not a folder" if given.exists() else "no such folder"
+    raise RunNotFoundError(
+        f"{given} is not an sgd run directory ({what}): a run folder holds {RUN_FOLDER_FILES} (an AIR trainer's "
+        "storage_path/name, or a Trainer's logdir/run_NNN); pass result.path, or the folder of numbered runs.")
+
+
+def check_format(run: Path) -> Path:
+    """``run``, if this sgd reads its format (``format_version`` in ``trainer.json``).
+
+    :raises RunFormatError: it was written by a newer sgd.
+    """
+    settings = _read_json(run / SETTINGS_FILE)
+    version = settings.get("format_version", 1) if isinstance(settings, dict) else 1
+    if isinstance(version, int) and version > RUN_FORMAT_VERSION:
+        raise RunFormatError(
+            f"{run} was written by a newer sgd ({settings.get('sgd_version', 'unknown version')}, run format "
+            f"{version}); this sgd ({sgd_version()}) reads run formats up to {RUN_FORMAT_VERSION}. Upgrade sgd "
+            "(pip install -U sgd-core) to read or resume it.")
+    return run
+
+
+def sgd_version() -> str:
+    """The installed sgd-core's version (what a run folder records it was written by)."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("sgd-core")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def resolve_run_dir(path: Union[str, os.PathLike]) -> Path:
+    """The run directory ``path`` names (:func:`find_run`), else the one it names under the
+    results root.
+
+    :raises RunNotFoundError: no run directory there.
+    """
+    given = Path(path).expanduser()
+    try:
+        return find_run(given)
+    except RunNotFoundError:
+        if given.is_absolute():
+            raise
+    return find_run(results_root() / given)
 
 
 # --- reading the files ---------------------------------------------------------------

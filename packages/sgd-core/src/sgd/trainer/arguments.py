@@ -7,7 +7,7 @@ from __future__ import annotations
 import datetime
 import os
 from pathlib import Path
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 from sgd.backend import BackendConfig
 from sgd.checkpoint import Checkpoint, CheckpointStrategy
@@ -24,6 +24,21 @@ def resolve_logdir(logdir: Optional[Union[str, os.PathLike]]) -> Path:
     if not path.is_absolute():
         path = results_root() / path
     return path.resolve()
+
+
+def resolve_run_folder(run_dir: Optional[Union[str, os.PathLike]], logdir: Optional[Union[str, os.PathLike]]
+                       ) -> Tuple[Optional[Path], Path]:
+    """``Trainer(run_dir=, logdir=)`` resolved: the named run folder (or ``None``) and the logdir
+    (a named folder's parent).
+
+    :raises ValueError: both given, and ``logdir`` is not ``run_dir``'s parent.
+    """
+    if run_dir is None:
+        return None, resolve_logdir(logdir)
+    named = resolve_logdir(run_dir)
+    if logdir is not None and resolve_logdir(logdir) != named.parent:
+        raise ValueError(f"logdir={logdir!r} is not the parent of run_dir={run_dir!r}; pass one of them")
+    return named, named.parent
 
 
 def backend_config_of(backend: Any, pm: Optional[PluginManager] = None) -> BackendConfig:

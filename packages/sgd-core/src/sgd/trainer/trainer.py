@@ -28,12 +28,12 @@ from sgd.trainer.arguments import (
     check_placement_timeout,
     checkpoint_dict,
     checkpoint_strategy_of,
-    resolve_logdir,
+    resolve_run_folder,
     seconds_or_none,
 )
 from sgd.trainer.controller import make_controller, release_workers
 from sgd.trainer.iterator import TrainingIterator
-from sgd.trainer.run_dirs import open_run
+from sgd.trainer.run_dirs import open_run, resume_state
 from sgd.trainer.settings import resource_table, restored_arguments, settings_json
 from sgd.utils import resolve_num_workers, resolve_resources, wrap_train_func
 from sgd.worker_group import PLACEMENT_STRATEGIES, WorkerGroup
@@ -54,7 +54,13 @@ class Trainer:
         a worker's death (Ray Train 1.x's rule), and with ``retry_worker_errors`` also an
         exception raised by the training function.
     :param storage_path: also copy every kept checkpoint here (a local path or a storage URI
-        such as ``s3://bucket/prefix``), under ``<logdir name>/run_NNN/checkpoints/``.
+        such as ``s3://bucket/prefix``), under ``<logdir name>/run_NNN/checkpoints/`` (with
+        ``run_dir``: ``<run_dir name>/checkpoints/``).
+    :param run_dir: run in exactly this folder, not in a new ``logdir/run_NNN`` (``logdir`` is
+        its parent then). A folder that holds a run already continues it, from its newest
+        checkpoint that verifies (resume by name: the AIR trainers' ``storage_path/name``, as
+        in Ray 2.60); see :meth:`restore` to continue a run with its saved settings. Either
+        way one driver at a time: a second raises :class:`sgd.RunInUseError`.
     :param placement_strategy: how the workers' placement group spreads them over nodes
         (``"PACK"``, ``"SPREAD"``, ``"STRICT_PACK"``, ``"STRICT_SPREAD"``).
     :param placement_timeout_s: how long starting or restarting the workers waits for the
@@ -97,6 +103,7 @@ class Trainer:
         plugins: Optional[Sequence[object]] = None,
         hang_timeout_s: Optional[float] = None,
         retry_worker_errors: bool = False,
+        run_dir: Optional[Union[str, os.PathLike]] = None,
     ):
         if not isinstance(retry_worker_errors, bool):
             raise TypeError(f"retry_worker_errors must be True or False, got {retry_worker_errors!r}")
@@ -122,7 +129,8 @@ class Trainer:
         if not isinstance(max_retries, int) or max_retries < -1:
             raise ValueError(f"max_retries must be an int >= -1 (-1: unlimited), got {max_retries!r}")
         self.max_retries = max_retries
-        self.logdir: Path = resolve_logdir(logdir)
+        #: The one folder every run of this trainer goes into (``run_dir=``), else ``None``.
+        self.run_dir, self.logdir = resolve_run_folder(run_dir, logdir)
         #: Where checkpoints are also copied: ``storage_path/<logdir name>/run_NNN/checkpoints/``.
         self.storage_path: Optional[str] = None
         if storage_path is not None:
@@ -261,6 +269,8 @@ class Trainer:
         settings = run.read_settings()
         trainer = cls(**restored_arguments(settings, backend), logdir=run.path.parent)
         trainer._resume_run = run
+        if settings.get("layout") == "named":  # its runs go on in the same folder
+            trainer.run_dir = run.path
         return trainer
 
     # --- lifecycle ----------------------------------------------------------------
@@ -365,13 +375,12 @@ class Trainer:
             all_callbacks.extend(extra or [])
         codec = self._backend_config.backend_cls.checkpoint_codec
         resume, self._resume_run = self._resume_run, None
-        run, self._manager = open_run(resume, self.logdir, self.storage_path, strategy, codec, self.plugin_manager)
-        if resume is not None:
+        run, self._manager = open_run(resume, self.logdir, self.storage_path, strategy, codec, self.plugin_manager,
+                                      named=self.run_dir)
+        if run.previous is not None:  # a run continued: its own newest checkpoint wins over `checkpoint`
             with plugin_registry.using(self.plugin_manager):
-                state, iteration = run.last_checkpoint()
-            if state is not None:
-                initial = state
-                self._manager.latest_state, self._manager.latest_iteration = state, iteration
+                state = resume_state(run, self._manager)
+            initial = initial if state is None else state
         if preprocessor is not None:
             self._manager.preprocessor = encode_preprocessor(preprocessor)
         trial = self.trial_info or {}
@@ -385,7 +394,7 @@ class Trainer:
             # Local mode has no worker process to replace: its function's error is final.
             retry_worker_errors=self.retry_worker_errors and self._max_workers != 0,
             worker_run_info={
-                "experiment_name": trial.get("experiment") or self.logdir.name,
+                "experiment_name": trial.get("experiment") or (run.path if run.named else self.logdir).name,
                 "trial_dir": str(run.path),
                 "trial_name": trial.get("name"),
                 "trial_id": trial.get("id"),
