@@ -54,6 +54,7 @@ def test_every_report_signature(ray_cluster, tmp_path):
         Checkpoint.from_dict({"n": 8}).to_directory(directory)
         sgd.report({"a": 8}, checkpoint=Checkpoint.from_directory(directory),
                    checkpoint_upload_mode=CheckpointUploadMode.ASYNC)  # Ray 2.x: ASYNC deletes the local dir
+        sgd.get_all_reported_checkpoints()  # waits for the upload, after which the local dir is gone
         assert not os.path.exists(directory)
         sgd.report({"a": 9}, checkpoint=ckpt(9), checkpoint_upload_mode="SYNC",
                    delete_local_checkpoint_after_upload=False)
@@ -77,9 +78,10 @@ def test_every_report_signature(ray_cluster, tmp_path):
     (lambda: sgd.report(metrics=[("loss", 1.0)]), TypeError, "not a list"),
     (lambda: sgd.report({"a": 1}, "/some/dir"), TypeError, "takes an sgd.Checkpoint, got builtins.str"),
     (lambda: sgd.report(metrics={"a": 1}, checkpoint={"w": 1}), TypeError, "takes an sgd.Checkpoint"),
-    (lambda: sgd.report({"a": 1}, checkpoint_dir_name="x"), ValueError, "checkpoint_dir_name"),
+    (lambda: sgd.report({"a": 1}, checkpoint_dir_name="x/y"), ValueError, "checkpoint_dir_name='x/y'.* is a path"),
     (lambda: sgd.report({"a": 1}, validation=True), ValueError, "validation"),
-    (lambda: sgd.report({"a": 1}, checkpoint_upload_mode="LATER"), ValueError, "SYNC, ASYNC or NO_UPLOAD"),
+    (lambda: sgd.report({"a": 1}, checkpoint_upload_mode="LATER"), ValueError,
+     "checkpoint_upload_mode must be one of CheckpointUploadMode.ASYNC, CheckpointUploadMode.SYNC"),
 ])
 def test_bad_report_calls_are_clear_errors_before_any_session(call, error, match):
     # Checked before the session is looked up: the same error outside a training function.

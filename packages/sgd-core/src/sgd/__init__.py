@@ -31,8 +31,17 @@ from sgd.errors import (
 )
 from sgd.hookspecs import hookimpl
 from sgd.predictor import BatchPredictor, Predictor
+from sgd.report_config import (
+    CheckpointConsistencyMode,
+    CheckpointUploadMode,
+    ReportedCheckpoint,
+    ReportedCheckpointStatus,
+    ValidationConfig,
+    ValidationTaskConfig,
+)
 from sgd.session import (
     PreemptionInfo,
+    get_all_reported_checkpoints,
     get_checkpoint,
     get_context,
     get_dataset_shard,
@@ -108,4 +117,12 @@ __all__ = [
     "save_checkpoint",
     "world_rank",
     "world_size",
+    # Ray 2.60's report options and reported checkpoints (sgd.report_config)
+    "CheckpointConsistencyMode",
+    "CheckpointUploadMode",
+    "ReportedCheckpoint",
+    "ReportedCheckpointStatus",
+    "ValidationConfig",
+    "ValidationTaskConfig",
+    "get_all_reported_checkpoints",
 ]

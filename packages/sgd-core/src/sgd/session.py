@@ -10,16 +10,17 @@ training function can be debugged by calling it directly.
 
 from __future__ import annotations
 
-import os
-import shutil
 import warnings
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional, Union
 
 from sgd._worker.session import STATE, PreemptionInfo, Session, WorkerContext
+from sgd._worker.uploads import ReportOptions, check_dir_name, validation_spec
 from sgd.checkpoint import SHARDED_KEY, Checkpoint, is_sharded
+from sgd.report_config import CheckpointConsistencyMode, CheckpointUploadMode, ReportedCheckpoint, ValidationTaskConfig
 
 __all__ = [
     "report",
+    "get_all_reported_checkpoints",
     "save_checkpoint",
     "load_checkpoint",
     "get_checkpoint",
@@ -70,8 +71,10 @@ def _context() -> WorkerContext:
 
 
 def report(metrics: Optional[Dict[str, Any]] = None, checkpoint: Any = None, checkpoint_dir_name: Optional[str] = None,
-           checkpoint_upload_mode: Any = None, delete_local_checkpoint_after_upload: Optional[bool] = None,
-           checkpoint_upload_fn: Any = None, validation: Any = False, **kwargs: Any) -> None:
+           checkpoint_upload_mode: Any = CheckpointUploadMode.SYNC,
+           delete_local_checkpoint_after_upload: Optional[bool] = None,
+           checkpoint_upload_fn: Optional[Callable[[Any, str], Any]] = None,
+           validation: Union[bool, ValidationTaskConfig] = False, **kwargs: Any) -> None:
     """Report metrics from this worker, optionally with a checkpoint.
 
     Every signature of Ray Train works:
@@ -79,7 +82,8 @@ def report(metrics: Optional[Dict[str, Any]] = None, checkpoint: Any = None, che
     - ``sgd.report(loss=0.1)`` (Ray Train 1.x: the metrics as keywords);
     - ``sgd.report({"loss": 0.1})`` and ``sgd.report({"loss": 0.1}, checkpoint=ckpt)`` (AIR 2.x);
     - ``sgd.report(metrics={"loss": 0.1}, checkpoint=ckpt)`` (AIR 2.x, keywords);
-    - ``sgd.report({"loss": 0.1}, ckpt)`` (Ray 2.x: the checkpoint positional).
+    - ``sgd.report({"loss": 0.1}, ckpt)`` (Ray 2.x: the checkpoint positional);
+    - Ray 2.60's options, below.
 
     ``metrics`` must be a dict: anything else is a :class:`TypeError` (it is never taken for a
     metric called ``metrics``). Keywords beside a dict are added to it. Without a dict,
@@ -91,19 +95,35 @@ def report(metrics: Optional[Dict[str, Any]] = None, checkpoint: Any = None, che
     default 1024) before this call blocks.
 
     :param checkpoint: an :class:`sgd.Checkpoint` that goes with these metrics
-        (``sgd.report(metrics, checkpoint=Checkpoint.from_directory(d))``).
-        Its content is taken before ``report`` returns, so ``d`` may be deleted right
-        after; the call returns once the driver has persisted it. Ranks that pass
-        ``None`` add nothing; several ranks' directories are merged (lowest rank wins
-        on a name clash), the metrics of the lowest rank that passed one score it.
-    :param checkpoint_upload_mode: Ray 2.x's ``CheckpointUploadMode`` (or its name). ``SYNC``
-        (the default) is what sgd does. ``ASYNC`` and ``NO_UPLOAD`` are taken as ``SYNC``: the
-        call returns once the checkpoint is persisted (correct, not faster).
-    :param delete_local_checkpoint_after_upload: delete the checkpoint's local directory once
-        its content is taken (``None``: only with ``ASYNC``, as in Ray).
-    :param checkpoint_dir_name: Ray 2.x's name for the checkpoint's directory; not supported
-        (sgd names them ``checkpoint_NNNNNN``): :class:`ValueError`. ``checkpoint_upload_fn``
-        and ``validation`` likewise.
+        (``sgd.report(metrics, checkpoint=Checkpoint.from_directory(d))``). Ranks that pass
+        ``None`` add nothing; several ranks' directories are merged (lowest rank wins on a
+        name clash), the metrics of the lowest rank that passed one score it.
+    :param checkpoint_dir_name: the folder name the checkpoint is committed under in the run's
+        ``checkpoints`` folder (default ``checkpoint_NNNNNN``). A plain name, unique in the run
+        (``f"epoch_{epoch}"``): a path, a hidden name, one of sgd's numbered names or a name
+        already used is a :class:`ValueError`. Checkpoints keep their number (in their
+        metadata), which orders them whatever their names.
+    :param checkpoint_upload_mode: a :class:`sgd.CheckpointUploadMode` (or its name).
+        ``SYNC`` (default): the checkpoint's content is taken before ``report`` returns (its
+        folder may go right after) and the call returns once the driver committed it.
+        ``ASYNC``: ``report`` returns at once and the upload runs in the background while
+        training goes on; the reports after it reach the driver after it, the run does not end
+        before it landed, and a failed upload fails the run (the previous checkpoint stays the
+        latest). Keep the folder until then (``tempfile.mkdtemp()``, not a ``with
+        TemporaryDirectory()`` block); it is deleted after the upload by default.
+        ``NO_UPLOAD``: as ``SYNC`` (sgd copies the checkpoint in wherever it lies).
+    :param delete_local_checkpoint_after_upload: delete the checkpoint's folder once uploaded
+        (``None``: only with ``ASYNC``, as in Ray).
+    :param checkpoint_upload_fn: ``fn(checkpoint, checkpoint_dir_name) -> sgd.Checkpoint``
+        uploads the checkpoint itself (called in the upload, in the background with ``ASYNC``);
+        what it returns is committed: moved into place when it wrote into the run's checkpoint
+        folder, else copied in. Returning anything but an ``sgd.Checkpoint`` is a
+        :class:`TypeError`. Without ``checkpoint_dir_name`` it gets a fresh name of Ray's form
+        (``checkpoint_<date>_<time>``), and the checkpoint keeps sgd's numbered name.
+    :param validation: ``True`` or a :class:`sgd.ValidationTaskConfig`: validate this
+        checkpoint with the trainer's ``validation_config`` asynchronously (see
+        :class:`sgd.ValidationConfig`). Needs a checkpoint and a ``validation_config``
+        (else :class:`ValueError`).
     """
     if metrics is not None and not isinstance(metrics, dict):
         raise TypeError(
@@ -116,30 +136,61 @@ def report(metrics: Optional[Dict[str, Any]] = None, checkpoint: Any = None, che
         # ``sgd.report(checkpoint=3)``: keyword style, a metric that happens to be called so.
         kwargs["checkpoint"], checkpoint = checkpoint, None
     data = {**metrics, **kwargs} if metrics else kwargs
-    if (checkpoint is None and checkpoint_upload_mode is None and checkpoint_dir_name is None
-            and checkpoint_upload_fn is None and validation is False):
+    if (checkpoint is None and checkpoint_upload_mode is CheckpointUploadMode.SYNC and checkpoint_dir_name is None
+            and checkpoint_upload_fn is None and validation is False and delete_local_checkpoint_after_upload is None):
         _session("report").report(data, None)  # the common call: metrics only
         return
-    _refuse_unsupported(checkpoint_dir_name=checkpoint_dir_name, checkpoint_upload_fn=checkpoint_upload_fn,
-                        validation=validation)
-    mode = str(getattr(checkpoint_upload_mode, "value", checkpoint_upload_mode) or "SYNC").upper()
-    if mode not in ("SYNC", "ASYNC", "NO_UPLOAD"):
-        raise ValueError(f"checkpoint_upload_mode must be SYNC, ASYNC or NO_UPLOAD, got {checkpoint_upload_mode!r}")
-    _session("report").report(data, checkpoint)
-    delete = delete_local_checkpoint_after_upload
-    if delete is None:
-        delete = mode == "ASYNC"
-    if checkpoint is not None and delete and checkpoint.path is not None and os.path.isdir(checkpoint.path):
-        shutil.rmtree(checkpoint.path, ignore_errors=True)
+    options = _options(checkpoint, checkpoint_dir_name, checkpoint_upload_mode, delete_local_checkpoint_after_upload,
+                       checkpoint_upload_fn, validation)
+    session = _session("report")
+    if options.validation is not False and not getattr(session.context, "has_validation", False):
+        raise ValueError("sgd.report(validation=...) asks for a validation, but the trainer has no validation_config: "
+                         "pass validation_config=sgd.ValidationConfig(fn) to the trainer")
+    session.report(data, checkpoint, options)
 
 
-def _refuse_unsupported(**given: Any) -> None:
-    for name, value in given.items():
-        if value is not None and value is not False:
-            raise ValueError(
-                f"sgd.report({name}=...) is a Ray 2.x option sgd does not have (checkpoint directories are "
-                f"named checkpoint_NNNNNN and persisted by the driver before report returns): drop the argument "
-                "(docs/migration-ray-train.md)")
+def _options(checkpoint: Any, dir_name: Any, mode: Any, delete_local: Any, upload_fn: Any,
+             validation: Any) -> ReportOptions:
+    """Ray 2.60's report options, checked; each bad one is an error naming it."""
+    mode = CheckpointUploadMode.parse(mode)
+    dir_name = check_dir_name(dir_name)
+    if delete_local is not None and not isinstance(delete_local, bool):
+        raise TypeError(f"sgd.report(delete_local_checkpoint_after_upload=...) takes True, False or None, "
+                        f"got {type(delete_local).__name__}")
+    if upload_fn is not None and not callable(upload_fn):
+        raise TypeError(f"sgd.report(checkpoint_upload_fn=...) takes a function fn(checkpoint, checkpoint_dir_name) "
+                        f"-> sgd.Checkpoint, got {type(upload_fn).__name__}")
+    validation = validation_spec(validation)
+    if validation is not False and checkpoint is None:
+        raise ValueError("sgd.report(validation=...) validates a checkpoint: pass checkpoint= with it")
+    if delete_local is None:
+        delete_local = mode.default_delete_local_checkpoint_after_upload()
+    return ReportOptions(mode=mode, dir_name=dir_name, delete_local=delete_local, upload_fn=upload_fn,
+                         validation=validation)
+
+
+def get_all_reported_checkpoints(consistency_mode: Any = CheckpointConsistencyMode.VALIDATED,
+                                 timeout_s: Optional[float] = None) -> List[ReportedCheckpoint]:
+    """Every checkpoint this run reported and still keeps, oldest first, with its metrics and
+    :class:`sgd.ReportedCheckpointStatus` (Ray 2.60's ``ray.train.get_all_reported_checkpoints``).
+
+    Waits until every checkpoint this worker reported is uploaded and committed by the driver
+    (``COMMITTED``), and with ``VALIDATED`` (the default) also until the validations requested
+    so far have ended. Not a collective: any rank may call it, any number of times.
+
+    :param consistency_mode: a :class:`sgd.CheckpointConsistencyMode` (or its name).
+    :param timeout_s: the most seconds to wait; then what is there is returned (as Ray does).
+        ``None``: no limit.
+    :raises RuntimeError: called outside a training function.
+    """
+    mode = CheckpointConsistencyMode.parse(consistency_mode)
+    if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
+                                  or timeout_s < 0):
+        raise ValueError(f"get_all_reported_checkpoints(timeout_s=...) must be None or seconds >= 0, got {timeout_s!r}")
+    session = _session("get_all_reported_checkpoints")
+    from sgd._worker.reported import read_reported
+
+    return read_reported(session, mode, timeout_s)
 
 
 def _is_checkpoint(value: Any) -> bool:

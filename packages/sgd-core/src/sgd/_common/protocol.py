@@ -166,14 +166,19 @@ class WrittenCheckpoint:
     it by. The driver checks the path, numbers the folder and renames it into place
     (:meth:`sgd.storage.manager.CheckpointManager.register`). ``pending``: the write goes on in
     the background (an asynchronous save); the driver commits it once sgd's metadata file
-    appears in it, which the workers write last."""
+    appears in it, which the workers write last. ``name``: the folder name it is committed
+    under (``sgd.report(checkpoint_dir_name=...)``; ``None``: ``checkpoint_NNNNNN``);
+    ``validation``: the report's ``validation=`` (``False``: none)."""
 
-    __slots__ = ("path", "score_values", "pending")
+    __slots__ = ("path", "score_values", "pending", "name", "validation")
 
-    def __init__(self, path: str, score_values: Optional[Dict[str, Any]] = None, pending: bool = False):
+    def __init__(self, path: str, score_values: Optional[Dict[str, Any]] = None, pending: bool = False,
+                 name: Optional[str] = None, validation: Any = False):
         self.path = path
         self.score_values = dict(score_values or {})
         self.pending = pending
+        self.name = name
+        self.validation = validation
 
     def __repr__(self) -> str:
         return f"WrittenCheckpoint({self.path!r}{', pending' if self.pending else ''})"

@@ -55,9 +55,11 @@ from sgd._worker.driver_disk import _DriverDisk
 from sgd._worker.rank_logs import PendingOutput
 from sgd._worker.report_fields import ReportFields
 from sgd._worker.resets import ResetLink
+from sgd._worker.uploads import AsyncUploads, CheckpointUploadError, ReportOptions, check_deletable, upload
 from sgd.checkpoint import Checkpoint
 from sgd.checkpoint.encoded import EncodedState
 from sgd.errors import PeerFailureError, PicklableError
+from sgd.report_config import CheckpointUploadMode
 
 _METRICS = itemgetter(1)
 
@@ -66,12 +68,14 @@ DEFAULT_MAX_PENDING = int(os.environ.get("SGD_MAX_PENDING_RESULTS", "1024"))
 
 
 class _Item:
-    __slots__ = ("kind", "data", "acked", "sync")
+    __slots__ = ("kind", "data", "acked", "sync", "ready")
 
-    def __init__(self, kind: str, data: Any, sync: bool = False):
+    def __init__(self, kind: str, data: Any, sync: bool = False, ready: bool = True):
         self.kind = kind
         self.data = data
         self.acked = False
+        # False while its checkpoint uploads in the background (ASYNC): it and what follows wait.
+        self.ready = ready
         # The worker waits until the driver has processed it (checkpoints).
         self.sync = sync or kind == CHECKPOINT
 
@@ -149,6 +153,13 @@ class Session(_DriverDisk):
         # actor's threads) may join a session the start call made but has not started yet (a peer
         # failed at once).
         self._started = False
+        # ASYNC checkpoint uploads (sgd.report(checkpoint_upload_mode=ASYNC)): their thread, the
+        # first failure (the run's error, handed to the driver at once), the checkpoint reports
+        # not yet acknowledged (what get_all_reported_checkpoints waits for), the names used.
+        self._uploads = AsyncUploads()
+        self._upload_failure: Optional[RemoteError] = None
+        self._unacked_reports: List[_Item] = []
+        self._dir_names: set = set()
         #: in-place recovery (:mod:`sgd.elastic`): the reset barrier and the keys of the items
         #: sent; ``reforms``: whether the run's backend can re-form the group in place.
         self.resets = ResetLink(self._cv, lambda kind, data: self._put(_Item(kind, data)), reforms)
@@ -165,12 +176,17 @@ class Session(_DriverDisk):
         result, error = None, None
         try:
             result = run_in_contexts(self._train_func)
+            self._uploads.wait()  # the run does not end before its uploads landed
             for finalizer in self._finalizers:
                 finalizer()
             result = self._encode(result)
             self._notes = run_end_hooks()
         except RunStopped:
             result = None
+            try:
+                self._uploads.wait()
+            except CheckpointUploadError:
+                logging.getLogger("sgd").warning("a checkpoint upload of a stopped run failed", exc_info=True)
             # Stopped on purpose: still let a background checkpoint write end (nothing of it
             # must outlive the run), but its failure is not the run's.
             for finalizer in self._finalizers:
@@ -199,7 +215,10 @@ class Session(_DriverDisk):
             # after the except block, whose exception holds the failed call's frames (and
             # what they hold: a process group is only closed once nothing refers to it).
             run_error_hooks()
+        self._uploads.close()
         with self._cv:
+            if error is not None:  # uploads not done are abandoned: their reports are not sent
+                self._drop_from_first_unready()
             self._result, self._error, self._finished = result, error, True
             self._cv.notify_all()
 
@@ -280,6 +299,10 @@ class Session(_DriverDisk):
         with self._lock:
             if self._stopping:
                 raise RunStopped()
+            if self._upload_failure is not None:
+                raise CheckpointUploadError(f"an asynchronous checkpoint upload failed: "
+                                            f"{self._upload_failure.message}; the checkpoint was not committed (the "
+                                            "previous one is the latest)")
             while len(self._items) >= self._max_pending:
                 self._wait()
             self._items.append(item)
@@ -289,7 +312,9 @@ class Session(_DriverDisk):
             if self._polls_waiting or (urgent and self._lingering):
                 self._cv.notify_all()
 
-    def report(self, metrics: Dict[str, Any], checkpoint: Any = None) -> None:
+    def report(self, metrics: Dict[str, Any], checkpoint: Any = None,
+               options: Optional[ReportOptions] = None) -> None:
+        """One report; with a checkpoint, uploaded as ``options`` say (:mod:`sgd._worker.uploads`)."""
         if self._notice is not None and self._notice_from is None:
             self._await_notice_from()
         if self.resets.skips():
@@ -299,10 +324,33 @@ class Session(_DriverDisk):
             self._put((REPORT, data))
             self.resets.check()
             return
+        options = options or ReportOptions()
+        target = self._target()
+        if options.delete_local:
+            check_deletable(checkpoint, target)
+        if options.dir_name is not None:
+            if options.dir_name in self._dir_names:
+                raise ValueError(f"sgd.report(checkpoint_dir_name={options.dir_name!r}): this run already reported a "
+                                 "checkpoint under that name; give each checkpoint its own (f'epoch_{epoch}')")
+            self._dir_names.add(options.dir_name)
+        files, shares = self._files_for_checkpoints(), self.shares_driver_disk
+
+        def stage(c: Any) -> Any:
+            return reported_checkpoint(c, target, self._encode, files, self._hook)
+
+        if options.mode is CheckpointUploadMode.ASYNC:
+            # Queued now, in order; sent (with everything reported after it) once uploaded.
+            item = _Item(REPORT, data, sync=True, ready=False)
+            self._put(item)
+            with self._cv:
+                self._unacked_reports.append(item)
+            self._uploads.submit(lambda: self._upload_in_background(item, checkpoint, options, target, stage, shares))
+            self.latest_checkpoint_object = checkpoint
+            self.resets.check()
+            return
         # The checkpoint's content is taken now: the caller may delete its folder
         # as soon as report returns (``with tempfile.TemporaryDirectory()``).
-        data[CHECKPOINT_KEY] = reported_checkpoint(checkpoint, self._target(), self._encode,
-                                                   self._files_for_checkpoints(), self._hook)
+        data[CHECKPOINT_KEY] = upload(checkpoint, options, target, stage, shares)
         item = _Item(REPORT, data, sync=True)
         self._put(item)
         with self._cv:
@@ -310,6 +358,68 @@ class Session(_DriverDisk):
                 self._wait()
         self.latest_checkpoint_object = checkpoint
         self.resets.check()
+
+    def _upload_in_background(self, item: _Item, checkpoint: Any, options: ReportOptions, target: Any,
+                              stage: Callable[[Any], Any], shares: bool) -> None:
+        """An ASYNC report's upload (the upload thread): the item goes out once it is done; a
+        failure is the run's error at once (the driver gets it with its next poll)."""
+        if self._upload_failure is not None:
+            return  # an earlier one failed: the run is over, this report is never sent
+        try:
+            written = upload(checkpoint, options, target, stage, shares)
+        except BaseException as exc:
+            try:
+                raise CheckpointUploadError(f"an asynchronous checkpoint upload failed: {type(exc).__name__}: {exc}; "
+                                            "the checkpoint was not committed (the previous one is the latest)"
+                                            ) from exc
+            except CheckpointUploadError as wrapped:
+                failure = self._capture(wrapped)
+            logging.getLogger("sgd").error("rank %d: an asynchronous checkpoint upload failed; the run fails (the "
+                                           "previous checkpoint stays the latest):\n%s", self.context.world_rank,
+                                           failure.traceback)
+            with self._cv:
+                if self._upload_failure is None:
+                    self._upload_failure = failure
+                self._cv.notify_all()
+            raise
+        with self._cv:
+            item.data[CHECKPOINT_KEY] = written
+            item.ready = True
+            if self._polls_waiting or self._lingering:
+                self._cv.notify_all()
+
+    def _drop_from_first_unready(self) -> None:
+        """Forget the first report whose upload has not landed and every item after it (the
+        run failed: they are never sent). Called with the lock held."""
+        for index, item in enumerate(self._items):
+            if type(item) is _Item and not item.ready:
+                for _ in range(len(self._items) - index):
+                    self._items.pop()
+                return
+
+    def _sendable(self) -> bool:
+        """Whether an item can go out now (the first is not waiting for its upload)."""
+        items = self._items
+        return bool(items) and (type(items[0]) is tuple or items[0].ready)
+
+    def wait_reported(self, timeout_s: Optional[float]) -> bool:
+        """Wait until every checkpoint this worker reported is uploaded and committed by the
+        driver (for ``sgd.get_all_reported_checkpoints``); whether it was within ``timeout_s``."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._cv:
+            while True:
+                if self._upload_failure is not None:
+                    raise CheckpointUploadError(f"an asynchronous checkpoint upload failed: "
+                                                f"{self._upload_failure.message}")
+                self._unacked_reports = [i for i in self._unacked_reports if not i.acked]
+                if not self._unacked_reports:
+                    return True
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                if self._stopping:
+                    raise RunStopped()
+                self._cv.wait(left)
 
     def save_checkpoint(self, state: Dict[str, Any]) -> None:
         # Only rank 0's state is kept; the other ranks send a marker so that
@@ -425,7 +535,7 @@ class Session(_DriverDisk):
                 self._delivered_checkpoints.clear()
                 self._cv.notify_all()
             deadline = None if timeout_s is None else time.monotonic() + timeout_s
-            while not self._items and not self._finished:
+            while not self._sendable() and not self._finished and self._upload_failure is None:
                 now = time.monotonic()
                 due = self._output.due_in(now)
                 if due is not None and due <= 0:
@@ -456,6 +566,8 @@ class Session(_DriverDisk):
                 plain = list(map(_METRICS, items))  # the common batch: every report queued
                 items.clear()
             while items and len(batch) < max_items:
+                if type(items[0]) is not tuple and not items[0].ready:
+                    break  # its upload is running: it, and what follows, go out once it landed
                 item = items.popleft()
                 batch.append(item)
                 if type(item) is not tuple and item.sync:  # a tuple: a plain report (see report)
@@ -463,6 +575,11 @@ class Session(_DriverDisk):
                     break
             self._cv.notify_all()
             finished = self._finished and not self._items
+            failure = self._upload_failure
+            if failure is not None and not self._sendable():
+                # An ASYNC upload failed: the run's error now (as in Ray), what came before it sent.
+                self._drop_from_first_unready()
+                finished = True
             log = self._output.take()
         # Each report's results.jsonl text is encoded here, in the worker (outside the lock, so
         # the training thread goes on reporting), so that the driver's work per round does not
@@ -493,7 +610,8 @@ class Session(_DriverDisk):
             batch = batch + [(NOTE, self._notes)]
         if log is not None:
             batch = batch + [(LOG, (self.context.world_rank, log))]
-        return batch, finished, self._result if finished else None, self._error if finished else None
+        error = (self._error or failure) if finished else None
+        return batch, finished, self._result if finished and error is None else None, error
 
     def send_log(self, data: bytes) -> None:
         """Output of this worker's run for the driver's copy of its rank log (a worker on

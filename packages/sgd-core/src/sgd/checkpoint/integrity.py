@@ -174,10 +174,30 @@ def disk_full_error(exc: BaseException, path: Path) -> OSError:
 
 
 def checkpoint_dirs(checkpoint_dir: Path) -> List[Tuple[int, Path]]:
-    """``(number, path)`` of every finished ``checkpoint_NNNNNN`` folder, oldest first."""
+    """``(number, path)`` of every finished checkpoint folder, oldest first: the numbered
+    ``checkpoint_NNNNNN`` ones, and those committed under a name of the user's
+    (``sgd.report(checkpoint_dir_name=...)``), whose number is in their metadata."""
     found = []
-    for p in checkpoint_dir.glob("checkpoint_*"):
-        suffix = p.name[len("checkpoint_"):]
-        if suffix.isdigit() and (p / METADATA_FILE).exists():
-            found.append((int(suffix), p))
+    for p in checkpoint_dir.glob("*"):
+        name = p.name
+        if name.startswith("."):
+            continue  # a temporary folder, the index of reported checkpoints
+        suffix = name[len("checkpoint_"):] if name.startswith("checkpoint_") else ""
+        if suffix.isdigit():
+            if (p / METADATA_FILE).exists():
+                found.append((int(suffix), p))
+            continue
+        number = _named_number(p)
+        if number is not None:
+            found.append((number, p))
     return sorted(found)
+
+
+def _named_number(folder: Path) -> Optional[int]:
+    """The number sgd gave a checkpoint committed under a name of the user's (``None``: not one)."""
+    try:
+        meta = json.loads((folder / METADATA_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    number = meta.get("id") if isinstance(meta, dict) else None
+    return number if isinstance(number, int) and not isinstance(number, bool) and number > 0 else None

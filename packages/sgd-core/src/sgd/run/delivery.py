@@ -93,7 +93,8 @@ class Delivery:
             (first, written), others = given[0], given[1:]
             metrics = round_.full_result(first)
             manager.register(Path(written.path), metrics, iteration, metrics=metrics,
-                             shards=[Path(c.path) for _, c in others])
+                             shards=[Path(c.path) for _, c in others], name=_first(given, "name"),
+                             validation=_first(given, "validation", False))
             self._after_checkpoint()
         if detailed_metrics_enabled():  # persisted above in full; handed on only when asked for
             round_.add_details()
@@ -126,3 +127,13 @@ class Delivery:
             self._pending.pop(0)
             self._manager.register(Path(state.path), state.score_values, iteration)
             self._after_checkpoint()
+
+
+def _first(given: List[Tuple[int, WrittenCheckpoint]], attribute: str, default: Any = None) -> Any:
+    """A report option of the lowest rank that set it (``checkpoint_dir_name``, ``validation``):
+    every rank that passes a checkpoint may say it, the one committed goes by the first."""
+    for _, c in given:
+        value = getattr(c, attribute, default)
+        if value is not None and value is not False:
+            return value
+    return default

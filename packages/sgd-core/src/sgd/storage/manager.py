@@ -29,10 +29,11 @@ from sgd.checkpoint.format import (
     CheckpointStrategy,
     write_files,
 )
-from sgd.checkpoint.integrity import checkpoint_files, complete_digests, is_disk_full
+from sgd.checkpoint.integrity import checkpoint_dirs, checkpoint_files, complete_digests, is_disk_full
 from sgd.checkpoint.preprocessor import PREPROCESSOR_FILE
 from sgd.checkpoint.storage import storage_for
 from sgd.redact import redact
+from sgd.storage.reported import check_name, write_index
 from sgd.storage.staging import TMP_PREFIX
 
 logger = logging.getLogger("sgd")
@@ -60,6 +61,10 @@ class _Kept:
     iteration: int = 0
     #: The file digests this driver recorded when it wrote the checkpoint (``None``: found on disk).
     files: Optional[Dict[str, Any]] = None
+    #: The report it came with (JSON values), and its ``ReportedCheckpointStatus`` name
+    #: (what ``sgd.get_all_reported_checkpoints`` reads, from :mod:`sgd.storage.reported`'s index).
+    metrics: Optional[Dict[str, Any]] = None
+    status: str = "COMMITTED"
 
 
 class CheckpointManager:
@@ -109,7 +114,8 @@ class CheckpointManager:
     # --- writing -------------------------------------------------------------
 
     def register(self, path: Path, score_values: Dict[str, Any], iteration: int,
-                 metrics: Optional[Dict[str, Any]] = None, shards: Sequence[Path] = ()) -> Optional[Path]:
+                 metrics: Optional[Dict[str, Any]] = None, shards: Sequence[Path] = (), name: Optional[str] = None,
+                 validation: Any = False) -> Optional[Path]:
         """Take a checkpoint the workers wrote into ``path``, a temporary folder of
         :attr:`checkpoint_dir` (:mod:`sgd.storage.staging`), filed under report ``iteration``:
         give it its number and metadata and rename it into place; only then is it the latest.
@@ -121,16 +127,20 @@ class CheckpointManager:
         :param metrics: the report it was passed with, stored in its metadata.
         :param shards: other ranks' folders passed with the same report: their files are added
             to ``path`` (a file already there is kept), then the folders go.
+        :param name: the folder name to commit it under (``sgd.report(checkpoint_dir_name=)``);
+            ``None``: ``checkpoint_NNNNNN``. It still gets its number (in its metadata).
+        :param validation: the report asked for a validation (its status is then pending).
         :returns: where it was committed, or ``None`` if the strategy keeps none.
         :raises FileNotFoundError: ``path`` is not a temporary folder of :attr:`checkpoint_dir`
             on this driver's disk; earlier checkpoints stay the latest.
         :raises OSError: the commit failed (nothing earlier is lost).
         :raises ValueError: the score attribute is missing or not a number (raised after the
-            checkpoint is written, so it is not lost), or a dict checkpoint would be merged
-            with directories.
+            checkpoint is written, so it is not lost), a dict checkpoint would be merged
+            with directories, or ``name`` is an earlier checkpoint's of this run.
         """
         tmp = self._confined(path)
         try:
+            check_name(name, iteration, self._kept)
             for shard in shards:
                 self._merge(tmp, self._confined(shard))
         except BaseException:
@@ -143,7 +153,8 @@ class CheckpointManager:
         if self.strategy.num_to_keep == 0:
             self._hold(tmp)
             return None
-        return self._persist_or_roll_back(previous, score_values, iteration, tmp, metrics=metrics)
+        return self._persist_or_roll_back(previous, score_values, iteration, tmp, metrics=metrics, name=name,
+                                          status="PENDING_VALIDATION" if validation is not False else "COMMITTED")
 
     def _confined(self, path: Any) -> Path:
         """``path`` if it is a temporary folder of :attr:`checkpoint_dir` on this disk."""
@@ -212,7 +223,8 @@ class CheckpointManager:
             raise
 
     def _persist(self, score_values: Dict[str, Any], iteration: int, written: Path,
-                 metrics: Optional[Dict[str, Any]] = None) -> Path:
+                 metrics: Optional[Dict[str, Any]] = None, name: Optional[str] = None,
+                 status: str = "COMMITTED") -> Path:
         """Score, write (or finish ``written``), keep, mirror and prune the latest checkpoint.
         A bad score attribute is raised only after the checkpoint is safely written."""
         score_error: Optional[ValueError] = None
@@ -220,10 +232,12 @@ class CheckpointManager:
             score = self._score(score_values, iteration)
         except ValueError as exc:
             score, score_error = -math.inf, exc
-        path = self._write(self.latest_id, written, score, iteration, metrics=metrics)
-        self._kept.append(_Kept(self.latest_id, score, path, iteration, _recorded_files(path)))
+        path = self._write(self.latest_id, written, score, iteration, metrics=metrics, name=name)
+        self._kept.append(_Kept(self.latest_id, score, path, iteration, _recorded_files(path),
+                                json_safe(metrics) if metrics is not None else None, status))
         self._upload(path)
         self._prune()
+        write_index(self.checkpoint_dir, self._kept)
         if score_error is not None:
             raise score_error
         return path
@@ -310,10 +324,11 @@ class CheckpointManager:
             "see the warnings above for each one.")
 
     def _write(self, checkpoint_id: int, tmp: Path, score: float, iteration: int,
-               metrics: Optional[Dict[str, Any]] = None) -> Path:
+               metrics: Optional[Dict[str, Any]] = None, name: Optional[str] = None) -> Path:
         """Finish the folder ``tmp`` the workers wrote: its metadata (number, score, report, the
-        digests of merged files), the preprocessor; fsynced, renamed to its final name."""
-        final = self.checkpoint_dir / checkpoint_dir_name(checkpoint_id)
+        digests of merged files), the preprocessor; fsynced, renamed to its final name
+        (``name``, else ``checkpoint_NNNNNN``)."""
+        final = self.checkpoint_dir / (name or checkpoint_dir_name(checkpoint_id))
         try:
             meta = dict(id=checkpoint_id, score=score if math.isfinite(score) else None,
                         iteration=iteration, timestamp=time.time())
@@ -323,8 +338,9 @@ class CheckpointManager:
                 write_files({PREPROCESSOR_FILE: self.preprocessor}, tmp, overwrite=False)
             _update_metadata(tmp, meta)
             _fsync_dir(tmp)
-            if final.exists():  # left by an earlier attempt of a resumed run
+            if final.exists():  # left by an earlier attempt of a resumed run (see check_name)
                 shutil.rmtree(final)
+                self._kept = [c for c in self._kept if c.path != final]
             os.rename(tmp, final)
             _fsync_dir(self.checkpoint_dir)
         except BaseException as exc:
@@ -348,12 +364,16 @@ class CheckpointManager:
         restorable = self._newest_restorable()
         if restorable is not None:
             keep.add(restorable.checkpoint_id)
+        removed = False
         for c in list(self._kept):
             if c.checkpoint_id not in keep:
                 shutil.rmtree(c.path, ignore_errors=True)
                 self._kept.remove(c)
+                removed = True
                 if self.mirror:
                     self._mirror_storage().delete_dir(self.mirror_uri(c.path.name))
+        if removed:
+            write_index(self.checkpoint_dir, self._kept)
 
     # --- mirror ----------------------------------------------------------------------
 
@@ -376,15 +396,17 @@ class CheckpointManager:
 
     def _scan(self) -> List[_Kept]:
         kept = []
-        for p in sorted(self.checkpoint_dir.glob(f"{_PREFIX}*")):
+        for _, p in checkpoint_dirs(self.checkpoint_dir):  # numbered and named ones
             try:
                 meta = json.loads((p / METADATA_FILE).read_text())
             except (OSError, ValueError):
                 continue
             try:
                 score = meta.get("score")
+                metrics = meta.get("metrics")
                 kept.append(_Kept(int(meta["id"]), -math.inf if score is None else float(score), p,
-                                  int(meta.get("iteration") or 0)))
+                                  int(meta.get("iteration") or 0), None,
+                                  metrics if isinstance(metrics, dict) else None, _status(meta)))
             except (TypeError, ValueError, KeyError):
                 continue  # metadata altered: never ranked, never loaded
         return kept
@@ -425,6 +447,12 @@ def _update_metadata(directory: Path, extra: Dict[str, Any]) -> None:
         json.dump(meta, f)
         f.flush()
         os.fsync(f.fileno())
+
+
+def _status(meta: Dict[str, Any]) -> str:
+    """A checkpoint's validation status as its metadata records it (``COMMITTED`` if none)."""
+    status = meta.get("validation_status")
+    return status if isinstance(status, str) else "COMMITTED"
 
 
 def _format(directory: Path) -> Optional[str]:
