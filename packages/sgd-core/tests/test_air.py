@@ -121,17 +121,20 @@ class ValueBoom(ValueError):
     pass
 
 
-def test_failing_loop_sets_result_error(ray_cluster, tmp_path):
+def test_failing_loop_raises_with_the_result_attached(ray_cluster, tmp_path):
     def loop():
         sgd.report({"step": 1})
         if sgd.world_rank() == 1:
             raise ValueBoom("bad batch on rank 1")
         sgd.report({"step": 2})
 
-    result = DataParallelTrainer(loop, scaling_config=ScalingConfig(num_workers=2),
-                                 run_config=RunConfig(storage_path=str(tmp_path))).fit()
-    assert isinstance(result.error, ValueBoom)
-    assert "bad batch on rank 1" in str(result.error)
+    with pytest.raises(ValueBoom, match="bad batch on rank 1") as info:  # also a sgd.WorkerGroupError
+        DataParallelTrainer(loop, scaling_config=ScalingConfig(num_workers=2),
+                            run_config=RunConfig(storage_path=str(tmp_path))).fit()
+    assert isinstance(info.value, sgd.WorkerGroupError)
+    assert isinstance(info.value.worker_failures[1], ValueBoom)
+    result = info.value.result
+    assert result.error is info.value
     assert result.metrics == result.metrics_dataframe.to_dict("records")[-1]
     assert result.metrics["step"] == 1
     assert json.loads(Path(result.path, "status.json").read_text())["status"] == "ERRORED"
@@ -154,13 +157,13 @@ def test_worker_killed_with_max_failures_finishes_without_duplicate_rows(ray_clu
 
 
 def test_worker_killed_without_retries_is_an_error(ray_cluster, tmp_path):
-    result = DataParallelTrainer(
-        counting_loop, train_loop_config={"epochs": 5, "all_ranks": True},
-        scaling_config=ScalingConfig(num_workers=2),
-        run_config=RunConfig(storage_path=str(tmp_path), callbacks=[KillWorker(at=1)]),
-    ).fit()
-    assert isinstance(result.error, sgd.TrainingFailedError)
-    assert "max_retries=0" in str(result.error)
+    with pytest.raises(sgd.WorkerGroupError, match="max_retries=0") as info:
+        DataParallelTrainer(
+            counting_loop, train_loop_config={"epochs": 5, "all_ranks": True},
+            scaling_config=ScalingConfig(num_workers=2),
+            run_config=RunConfig(storage_path=str(tmp_path), callbacks=[KillWorker(at=1)]),
+        ).fit()
+    assert isinstance(info.value.worker_failures[1], sgd.WorkerDiedError)
 
 
 def test_datasets_are_sharded(ray_cluster, tmp_path):
@@ -324,9 +327,8 @@ def test_report_rejects_a_checkpoint_that_is_not_one(ray_cluster, tmp_path):
     def loop():
         sgd.report({"x": 1}, checkpoint="/tmp/some/dir")
 
-    result = DataParallelTrainer(loop, run_config=RunConfig(storage_path=str(tmp_path))).fit()
-    assert isinstance(result.error, TypeError)
-    assert "takes an sgd.Checkpoint" in str(result.error)
+    with pytest.raises(TypeError, match="takes an sgd.Checkpoint"):
+        DataParallelTrainer(loop, run_config=RunConfig(storage_path=str(tmp_path))).fit()
 
 
 def test_save_checkpoint_works_in_an_air_loop(ray_cluster, tmp_path):

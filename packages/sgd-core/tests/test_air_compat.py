@@ -93,10 +93,10 @@ def test_a_non_dict_metrics_fails_the_run_and_reports_nothing(ray_cluster, tmp_p
     def loop():
         sgd.report(metrics=1.0)
 
-    result = _fit(loop, tmp_path)
-    assert isinstance(result.error, TypeError) and "dict" in str(result.error)
-    assert result.metrics is None
-    pickle.loads(pickle.dumps(result.error))
+    with pytest.raises(TypeError, match="dict") as info:
+        _fit(loop, tmp_path)
+    assert isinstance(info.value, sgd.WorkerGroupError) and info.value.result.metrics is None
+    pickle.loads(pickle.dumps(info.value))
 
 
 def test_air_session_names(ray_cluster, tmp_path):
@@ -136,10 +136,11 @@ def test_dataset_config_overrides_per_dataset_as_air_merged_it(ray_cluster, tmp_
 
 
 def test_a_required_dataset_that_is_missing_is_a_clear_error(ray_cluster, tmp_path):
-    result = _fit(lambda: None, tmp_path, datasets={"train": ray.data.range(4)},
-                  dataset_config={"val": DatasetConfig(required=True)})
-    assert isinstance(result.error, ValueError) and "'val' is required" in str(result.error)
-    assert result.path is None  # nothing started, nothing written
+    with pytest.raises(ValueError, match="'val' is required") as info:
+        _fit(lambda: None, tmp_path, datasets={"train": ray.data.range(4)},
+             dataset_config={"val": DatasetConfig(required=True)})
+    assert isinstance(info.value, sgd.ControllerError)  # the driver's: never retried
+    assert info.value.result.path is None  # nothing started, nothing written
 
 
 def test_the_loop_return_value_is_discarded(ray_cluster, tmp_path):
@@ -272,12 +273,11 @@ def test_preprocessor_fitted_on_train_applied_to_all_and_kept(ray_cluster, tmp_p
 def test_a_preprocessor_that_fails_to_fit_names_the_dataset_and_column(ray_cluster, tmp_path):
     from ray.data.preprocessors import StandardScaler
 
-    result = _fit(lambda: None, tmp_path, datasets={"train": ray.data.from_items([{"x": 1.0}])},
-                  preprocessor=StandardScaler(columns=["nope"]))
-    assert isinstance(result.error, ValueError)
-    assert "dataset 'train'" in str(result.error) and "nope" in str(result.error)
-    assert result.path is None
-    pickle.loads(pickle.dumps(result.error))
+    with pytest.raises(ValueError, match="dataset 'train'.*nope") as info:
+        _fit(lambda: None, tmp_path, datasets={"train": ray.data.from_items([{"x": 1.0}])},
+             preprocessor=StandardScaler(columns=["nope"]))
+    assert isinstance(info.value, sgd.ControllerError) and info.value.result.path is None
+    pickle.loads(pickle.dumps(info.value))
     with pytest.raises(TypeError, match="preprocessor must be"):
         DataParallelTrainer(lambda: None, preprocessor=object())
 

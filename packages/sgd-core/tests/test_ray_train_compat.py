@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import socket
 
+import pytest
+
 import sgd
 from sgd import DataParallelTrainer, RunConfig, ScalingConfig
 
@@ -78,7 +80,8 @@ def test_failed_run_is_not_done(ray_cluster, tmp_path):
         sgd.report(step=0)
         raise ValueError("boom")
 
-    result = DataParallelTrainer(fails, scaling_config=ScalingConfig(num_workers=1),
-                                 run_config=RunConfig(name="failing", storage_path=str(tmp_path))).fit()
-    assert isinstance(result.error, ValueError)
+    with pytest.raises(ValueError, match="boom") as info:
+        DataParallelTrainer(fails, scaling_config=ScalingConfig(num_workers=1),
+                            run_config=RunConfig(name="failing", storage_path=str(tmp_path))).fit()
+    result = info.value.result
     assert result.metrics["training_iteration"] == 1 and result.metrics["done"] is False
