@@ -19,6 +19,7 @@ from sgd import (  # sgd: was ray.air.config
     Checkpoint,  # sgd: was ray.air.checkpoint
     CheckpointConfig,
     DataParallelTrainer,  # sgd: was ray.train.data_parallel_trainer
+    DatasetConfig,  # sgd: was ray.air.config (for the one-line change of test_datasets)
     RunConfig,
     ScalingConfig,
 )
@@ -95,6 +96,8 @@ def test_datasets(ray_start_4_cpus):
         train_loop_per_worker=get_dataset,
         scaling_config=scale_config,
         datasets={"train": train_dataset, "val": val_dataset},
+        # sgd: Ray 2.60 (and sgd) split every dataset by default; AIR's rule needs an AIR dataset_config
+        dataset_config={"train": DatasetConfig()},
     )
     trainer.fit()
 
