@@ -54,6 +54,7 @@ def test_every_report_signature(ray_cluster, tmp_path):
         Checkpoint.from_dict({"n": 8}).to_directory(directory)
         sgd.report({"a": 8}, checkpoint=Checkpoint.from_directory(directory),
                    checkpoint_upload_mode=CheckpointUploadMode.ASYNC)  # Ray 2.x: ASYNC deletes the local dir
+        sgd.get_all_reported_checkpoints()  # waits for the upload, after which the local dir is gone
         assert not os.path.exists(directory)
         sgd.report({"a": 9}, checkpoint=ckpt(9), checkpoint_upload_mode="SYNC",
                    delete_local_checkpoint_after_upload=False)
@@ -77,9 +78,10 @@ def test_every_report_signature(ray_cluster, tmp_path):
     (lambda: sgd.report(metrics=[("loss", 1.0)]), TypeError, "not a list"),
     (lambda: sgd.report({"a": 1}, "/some/dir"), TypeError, "takes an sgd.Checkpoint, got builtins.str"),
     (lambda: sgd.report(metrics={"a": 1}, checkpoint={"w": 1}), TypeError, "takes an sgd.Checkpoint"),
-    (lambda: sgd.report({"a": 1}, checkpoint_dir_name="x"), ValueError, "checkpoint_dir_name"),
+    (lambda: sgd.report({"a": 1}, checkpoint_dir_name="x/y"), ValueError, "checkpoint_dir_name='x/y'.* is a path"),
     (lambda: sgd.report({"a": 1}, validation=True), ValueError, "validation"),
-    (lambda: sgd.report({"a": 1}, checkpoint_upload_mode="LATER"), ValueError, "SYNC, ASYNC or NO_UPLOAD"),
+    (lambda: sgd.report({"a": 1}, checkpoint_upload_mode="LATER"), ValueError,
+     "checkpoint_upload_mode must be one of CheckpointUploadMode.ASYNC, CheckpointUploadMode.SYNC"),
 ])
 def test_bad_report_calls_are_clear_errors_before_any_session(call, error, match):
     # Checked before the session is looked up: the same error outside a training function.
@@ -91,10 +93,10 @@ def test_a_non_dict_metrics_fails_the_run_and_reports_nothing(ray_cluster, tmp_p
     def loop():
         sgd.report(metrics=1.0)
 
-    result = _fit(loop, tmp_path)
-    assert isinstance(result.error, TypeError) and "dict" in str(result.error)
-    assert result.metrics is None
-    pickle.loads(pickle.dumps(result.error))
+    with pytest.raises(TypeError, match="dict") as info:
+        _fit(loop, tmp_path)
+    assert isinstance(info.value, sgd.WorkerGroupError) and info.value.result.metrics is None
+    pickle.loads(pickle.dumps(info.value))
 
 
 def test_air_session_names(ray_cluster, tmp_path):
@@ -136,10 +138,11 @@ def test_dataset_config_overrides_per_dataset_as_air_merged_it(ray_cluster, tmp_
 
 
 def test_a_required_dataset_that_is_missing_is_a_clear_error(ray_cluster, tmp_path):
-    result = _fit(lambda: None, tmp_path, datasets={"train": ray.data.range(4)},
-                  dataset_config={"val": DatasetConfig(required=True)})
-    assert isinstance(result.error, ValueError) and "'val' is required" in str(result.error)
-    assert result.path is None  # nothing started, nothing written
+    with pytest.raises(ValueError, match="'val' is required") as info:
+        _fit(lambda: None, tmp_path, datasets={"train": ray.data.range(4)},
+             dataset_config={"val": DatasetConfig(required=True)})
+    assert isinstance(info.value, sgd.ControllerError)  # the driver's: never retried
+    assert info.value.result.path is None  # nothing started, nothing written
 
 
 def test_the_loop_return_value_is_discarded(ray_cluster, tmp_path):
@@ -273,12 +276,11 @@ def test_preprocessor_fitted_on_train_applied_to_all_and_kept(ray_cluster, tmp_p
 def test_a_preprocessor_that_fails_to_fit_names_the_dataset_and_column(ray_cluster, tmp_path):
     from ray.data.preprocessors import StandardScaler
 
-    result = _fit(lambda: None, tmp_path, datasets={"train": ray.data.from_items([{"x": 1.0}])},
-                  preprocessor=StandardScaler(columns=["nope"]))
-    assert isinstance(result.error, ValueError)
-    assert "dataset 'train'" in str(result.error) and "nope" in str(result.error)
-    assert result.path is None
-    pickle.loads(pickle.dumps(result.error))
+    with pytest.raises(ValueError, match="dataset 'train'.*nope") as info:
+        _fit(lambda: None, tmp_path, datasets={"train": ray.data.from_items([{"x": 1.0}])},
+             preprocessor=StandardScaler(columns=["nope"]))
+    assert isinstance(info.value, sgd.ControllerError) and info.value.result.path is None
+    pickle.loads(pickle.dumps(info.value))
     with pytest.raises(TypeError, match="preprocessor must be"):
         DataParallelTrainer(lambda: None, preprocessor=object())
 
