@@ -58,6 +58,44 @@ class Result:
             raise ImportError("Result.metrics_dataframe needs pandas: pip install pandas") from exc
         return pd.DataFrame(self._rows)
 
+    @property
+    def config(self) -> Optional[Dict[str, Any]]:
+        """The run's ``train_loop_config`` (``metrics["config"]``), as Ray AIR's ``Result.config``;
+        ``None`` without metrics. (Ray 2.60 deprecated it.)"""
+        return self.metrics.get("config") if self.metrics else None
+
+    @property
+    def filesystem(self) -> Any:
+        """The ``pyarrow.fs.FileSystem`` :attr:`path` is on, as Ray's ``Result.filesystem``: a
+        ``LocalFileSystem``, since sgd keeps a run's folder on the driver's disk (checkpoints
+        mirrored to a storage URI or ``RunConfig(storage_filesystem=...)`` are copies)."""
+        import pyarrow.fs
+
+        return pyarrow.fs.LocalFileSystem()
+
+    def get_best_checkpoint(self, metric: str, mode: str) -> Optional[Checkpoint]:
+        """The kept checkpoint whose reported ``metric`` is the highest (``mode="max"``) or the
+        lowest (``"min"``), as Ray's ``Result.get_best_checkpoint``. Checkpoints reported without
+        the metric are left out; ``metric`` may name a nested value (``"eval/loss"`` is
+        ``metrics["eval"]["loss"]``). Of equal values, the first in :attr:`best_checkpoints` wins.
+
+        :raises RuntimeError: the run kept no checkpoint, or none was reported with ``metric``
+            (the message lists the metrics there are).
+        :raises ValueError: ``mode`` is not ``"max"`` or ``"min"``.
+        """
+        if not self.best_checkpoints:
+            raise RuntimeError("No checkpoint exists in the trial directory! (the run kept no checkpoint)")
+        if mode not in ("max", "min"):
+            raise ValueError(f'Unsupported mode: {mode}. Please choose from ["min", "max"]!')
+        scored = [(c, v) for c, m in self.best_checkpoints
+                  if (v := _lookup(metric, m)) is not None]
+        if not scored:
+            names = sorted({k for _, m in self.best_checkpoints for k in m} | set(self.metrics or {}))
+            raise RuntimeError(f"Invalid metric name {metric}! No kept checkpoint was reported with it. "
+                               f"You may choose from the following metrics: {names}.")
+        pick = max if mode == "max" else min
+        return pick(scored, key=lambda cv: cv[1])[0]
+
     @classmethod
     def from_path(cls, path: Union[str, os.PathLike], storage_filesystem: Any = None, *,
                   error: Optional[BaseException] = None, checkpoint_cls: Type[Checkpoint] = Checkpoint) -> Result:
@@ -129,6 +167,19 @@ def local_path(path: Union[str, os.PathLike], storage_filesystem: Any = None) ->
         raise ValueError(f"Result.from_path({where!r}): sgd keeps a run's results on the driver's disk and mirrors "
                          "only its checkpoints to remote storage; pass the run's local folder (result.path).")
     return Path(where).expanduser()
+
+
+def _lookup(key: str, values: Any) -> Any:
+    """``values[key]``, else ``key`` split at ``/`` looked up level by level (an int indexes a
+    list), else ``None``, as Ray's ``unflattened_lookup``."""
+    if isinstance(values, dict) and key in values:
+        return values[key]
+    for part in key.split("/"):
+        try:
+            values = values[part] if isinstance(values, dict) else values[int(part)]
+        except (KeyError, IndexError, ValueError, TypeError):
+            return None
+    return values
 
 
 #: Ray Train's result field → the autofilled sgd key it is read from.

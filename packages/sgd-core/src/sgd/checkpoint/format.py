@@ -26,7 +26,8 @@ from sgd.checkpoint import integrity
 from sgd.checkpoint.codecs import TRUST_ENV, get_codec, resolve_trusted
 from sgd.checkpoint.encoded import EncodedState, decode_state
 from sgd.checkpoint.preprocessor import PREPROCESSOR_FILE, PREPROCESSOR_KEY, decode_preprocessor
-from sgd.checkpoint.storage import is_uri, storage_for
+from sgd.checkpoint.storage import is_uri, path_on, storage_for
+from sgd.checkpoint.user_metadata import UserMetadata, write_local
 from sgd.errors import CheckpointError, CheckpointIntegrityError, UntrustedCheckpointError
 
 logger = logging.getLogger("sgd")
@@ -87,7 +88,7 @@ class CheckpointStrategy:
         return value if self.checkpoint_score_order == "max" else -value
 
 
-class Checkpoint:
+class Checkpoint(UserMetadata):
     """A checkpoint: a directory (local or remote through the storage hook) or an in-memory dict.
 
     ``Checkpoint.from_dict(d).to_dict() == d``; ``to_directory`` writes a
@@ -96,10 +97,20 @@ class Checkpoint:
     :param trusted: for a directory, whether :meth:`to_dict` may unpickle arbitrary objects
         from it. ``None`` (default) follows ``SGD_TRUST_CHECKPOINTS=1``; otherwise only
         tensors and plain data load, and :class:`UntrustedCheckpointError` says what needs more.
+    :param filesystem: Ray Train's: the ``pyarrow.fs.FileSystem`` ``path`` is on (``path`` then
+        without a URI prefix); it may be passed second, as Ray's ``Checkpoint(path, filesystem)``.
+        The checkpoint is read through it in this process.
+
+    Ray Train's ``get_metadata()``, ``set_metadata(dict)``, ``update_metadata(dict)`` and
+    ``filesystem`` are there too (:class:`~sgd.checkpoint.user_metadata.UserMetadata`).
     """
 
     def __init__(self, path: Optional[Union[str, os.PathLike]] = None, data: Optional[Dict[str, Any]] = None,
-                 codec: str = DEFAULT_CODEC, trusted: Optional[bool] = None):
+                 codec: str = DEFAULT_CODEC, trusted: Optional[bool] = None, *, filesystem: Any = None):
+        if filesystem is None and data is not None and type(data).__module__.startswith("pyarrow"):
+            data, filesystem = None, data  # Ray's Checkpoint(path, filesystem)
+        if filesystem is not None and path is not None:
+            path = path_on(filesystem, os.fspath(path))
         if (path is None) == (data is None):
             raise ValueError("a Checkpoint has either a path or a dict, not both or neither")
         self._path = str(path) if path is not None else None
@@ -186,6 +197,8 @@ class Checkpoint:
             return target
         if self._data is not None:
             write_dict_dir(self._data, Path(target), self._codec)
+            if self._user_metadata:
+                write_local(Path(target), self._user_metadata)
         else:
             with self.as_directory() as local:
                 if Path(local).resolve() != Path(target).resolve():

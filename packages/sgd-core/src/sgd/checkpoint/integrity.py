@@ -15,6 +15,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from sgd.checkpoint.codecs import get_codec
+from sgd.checkpoint.user_metadata import USER_METADATA_FILE
 from sgd.errors import CheckpointError, CheckpointIntegrityError
 
 logger = logging.getLogger("sgd")
@@ -101,7 +102,9 @@ def read_metadata(directory: Path, where: str) -> Dict[str, Any]:
 def verify(directory: Path, meta: Dict[str, Any], where: str) -> None:
     """Check every file against the size and sha256 in ``meta`` (raises naming the file).
 
-    Checkpoints written before sgd recorded digests (no ``files`` entry) pass unchecked.
+    Checkpoints written before sgd recorded digests (no ``files`` entry) pass unchecked. The
+    user's metadata file (``.metadata.json``, :mod:`sgd.checkpoint.user_metadata`) is not held to
+    its digest: ``set_metadata`` may change it after the write.
     """
     files = meta.get("files")
     if files is None:
@@ -109,6 +112,8 @@ def verify(directory: Path, meta: Dict[str, Any], where: str) -> None:
     if not isinstance(files, dict):
         raise _integrity_error(f"checkpoint {where}: the metadata's file list is malformed")
     for name, want in files.items():
+        if name == USER_METADATA_FILE:  # the user's metadata may change after the write (set_metadata)
+            continue
         path = confined(directory, name, where)
         if not isinstance(want, dict):
             raise _integrity_error(f"checkpoint {where}: the metadata's entry for {name!r} is malformed")
@@ -122,7 +127,7 @@ def verify(directory: Path, meta: Dict[str, Any], where: str) -> None:
         if file_digest(path)["sha256"] != want.get("sha256"):
             raise _integrity_error(f"checkpoint {where}: file {name!r} does not match its sha256 (changed or damaged)")
     if meta.get("format") == "directory":
-        extra = [n for n in checkpoint_files(directory) if n not in files]
+        extra = [n for n in checkpoint_files(directory) if n not in files and n != USER_METADATA_FILE]
         if extra:
             raise _integrity_error(f"checkpoint {where}: file {extra[0]!r} is not among the files it was written with")
 

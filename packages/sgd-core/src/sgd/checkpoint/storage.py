@@ -83,6 +83,21 @@ def filesystem_uri(fs: Any, path: str) -> str:
     return f"{scheme}://{path}"
 
 
+def path_on(fs: Any, path: str) -> str:
+    """``path`` on the ``pyarrow.fs.FileSystem`` ``fs`` as a path or URI sgd reads: ``path``
+    itself on a ``LocalFileSystem``, else :func:`filesystem_uri`.
+
+    :raises TypeError: ``fs`` is not a ``pyarrow.fs.FileSystem``.
+    """
+    import pyarrow.fs as pafs
+
+    if not isinstance(fs, pafs.FileSystem):
+        raise TypeError(f"filesystem must be a pyarrow.fs.FileSystem, got {type(fs).__name__}")
+    if isinstance(fs, pafs.LocalFileSystem):
+        return path
+    return filesystem_uri(fs, path)
+
+
 def filesystem_of(uri: str) -> Any:
     """The ``pyarrow.fs.FileSystem`` ``uri`` lives on (``LocalFileSystem`` for a local path)."""
     import pyarrow.fs as pafs
