@@ -62,13 +62,6 @@ def ray_start_4_cpus(ray_cluster, results_dir):
     yield ray_cluster
 
 
-def _fit(trainer):  # sgd: Ray's fit() raised a training error; sgd's returns it (listed difference)
-    result = trainer.fit()
-    if result.error:
-        raise result.error
-    return result
-
-
 def build_model():
     import tensorflow as tf
 
@@ -107,7 +100,7 @@ def test_tensorflow_linear(ray_start_4_cpus, num_workers):
         scaling_config=scaling_config,
         datasets={TRAIN_DATASET_KEY: get_dataset()},
     )
-    _fit(trainer)  # sgd: was trainer.fit()
+    trainer.fit()
 
 
 def test_tensorflow_e2e(ray_start_4_cpus):
@@ -119,7 +112,7 @@ def test_tensorflow_e2e(ray_start_4_cpus):
     trainer = TensorflowTrainer(
         train_loop_per_worker=train_func, scaling_config=scaling_config
     )
-    result = _fit(trainer)  # sgd: was trainer.fit()
+    result = trainer.fit()
 
     class TensorflowScorer:
         def __init__(self):
@@ -158,14 +151,14 @@ def test_report_and_load_using_ml_session(ray_start_4_cpus, tmp_path):  # sgd: t
     trainer = TensorflowTrainer(
         train_loop_per_worker=train_func, scaling_config=scaling_config
     )
-    result = _fit(trainer)  # sgd: was trainer.fit()
+    result = trainer.fit()
 
     trainer2 = TensorflowTrainer(
         train_loop_per_worker=train_func,
         scaling_config=scaling_config,
         resume_from_checkpoint=result.checkpoint,
     )
-    result = _fit(trainer2)  # sgd: was trainer2.fit()
+    result = trainer2.fit()
     checkpoint = result.checkpoint
     with checkpoint.as_directory() as ckpt_dir:
         assert os.path.exists(os.path.join(ckpt_dir, "saved_model.pb"))

@@ -72,13 +72,6 @@ def ray_start_4_cpus(ray_cluster, results_dir):
     yield ray_cluster
 
 
-def _fit(trainer):  # sgd: Ray's fit() raised a training error; sgd's returns it (listed difference)
-    result = trainer.fit()
-    if result.error:
-        raise result.error
-    return result
-
-
 @pytest.mark.parametrize("num_workers", [1, 2])
 def test_torch_linear(ray_start_4_cpus, num_workers):
     def train_func(config):
@@ -95,7 +88,7 @@ def test_torch_linear(ray_start_4_cpus, num_workers):
         train_loop_config=config,
         scaling_config=scaling_config,
     )
-    _fit(trainer)  # sgd: was trainer.fit()
+    trainer.fit()
 
 
 @pytest.mark.parametrize("prepare_model", (True, False))
@@ -112,7 +105,7 @@ def test_torch_e2e(ray_start_4_cpus, prepare_model):
         scaling_config=scaling_config,
         preprocessor=DummyPreprocessor(),
     )
-    result = _fit(trainer)  # sgd: was trainer.fit()
+    result = trainer.fit()
     assert isinstance(result.checkpoint.get_preprocessor(trusted=True), DummyPreprocessor)  # sgd: trusted=True
 
     predict_dataset = ray.data.range(9)
@@ -140,7 +133,7 @@ def test_torch_e2e_state_dict(ray_start_4_cpus, prepare_model):
         scaling_config=scaling_config,
         preprocessor=DummyPreprocessor(),
     )
-    result = _fit(trainer)  # sgd: was trainer.fit()
+    result = trainer.fit()
     isinstance(result.checkpoint.get_preprocessor(trusted=True), DummyPreprocessor)  # sgd: trusted=True
 
     # If loading from a state dict, a model definition must be passed in.
@@ -177,7 +170,7 @@ def test_torch_e2e_dir(ray_start_4_cpus, tmpdir, lazy_checkpointing, monkeypatch
         scaling_config=scaling_config,
         preprocessor=DummyPreprocessor(),
     )
-    result = _fit(trainer)  # sgd: was trainer.fit()
+    result = trainer.fit()
     isinstance(result.checkpoint.get_preprocessor(trusted=True), DummyPreprocessor)  # sgd: trusted=True
 
     # TODO(ml-team): Add a way for TorchCheckpoint to natively support
@@ -235,7 +228,7 @@ def test_torch_session_errors(ray_start_4_cpus):
         train_loop_per_worker=train_func,
         scaling_config=scaling_config,
     )
-    _fit(trainer)  # sgd: was trainer.fit(), which raised the worker's failed pytest.raises
+    trainer.fit()
 
 
 def test_single_worker_failure(ray_start_4_cpus):
@@ -253,7 +246,7 @@ def test_single_worker_failure(ray_start_4_cpus):
         scaling_config=scaling_config,
     )
     with pytest.raises(ValueError):
-        _fit(trainer)  # sgd: was trainer.fit()
+        trainer.fit()
 
 
 @pytest.mark.skip(reason="needs a two-node cluster of its own with logical GPUs and patches torch.cuda in the "
@@ -281,7 +274,7 @@ def test_torch_auto_unwrap(ray_start_4_cpus):
         train_loop_per_worker=train_fn,
         scaling_config=ScalingConfig(num_workers=2),
     )
-    results = _fit(trainer)  # sgd: was trainer.fit()
+    results = trainer.fit()
 
     last_checkpoint = results.checkpoint
     model = last_checkpoint.get_model(trusted=True)  # sgd: trusted=True
@@ -302,7 +295,7 @@ def test_torch_amp(ray_start_4_cpus):
         train_fn,
         scaling_config=ScalingConfig(num_workers=2),
     )
-    results = _fit(trainer)  # sgd: was trainer.fit()
+    results = trainer.fit()
     assert results.checkpoint
 
 
@@ -329,7 +322,7 @@ def test_torch_amp_with_custom_get_state(ray_start_4_cpus):
         train_fn,
         scaling_config=ScalingConfig(num_workers=2),
     )
-    results = _fit(trainer)  # sgd: was trainer.fit()
+    results = trainer.fit()
     assert results.checkpoint
 
 
@@ -349,4 +342,4 @@ def test_torch_env_vars(ray_start_4_cpus):
         train_loop_per_worker=train_func,
         scaling_config=scaling_config,
     )
-    _fit(trainer)  # sgd: was trainer.fit()
+    trainer.fit()

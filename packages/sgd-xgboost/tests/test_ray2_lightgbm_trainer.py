@@ -37,13 +37,6 @@ def ray_start_6_cpus(ray_cluster, results_dir, tmp_path, monkeypatch):
     yield ray_cluster
 
 
-def _fit(trainer):  # sgd: Ray's fit() raised a training error; sgd's returns it (listed difference)
-    result = trainer.fit()
-    if result.error:
-        raise result.error
-    return result
-
-
 scale_config = ScalingConfig(num_workers=2)
 
 data_raw = load_breast_cancer()
@@ -79,7 +72,7 @@ def test_fit_with_categoricals(ray_start_6_cpus):
         params=params,
         datasets={TRAIN_DATASET_KEY: train_dataset, "valid": valid_dataset},
     )
-    result = _fit(trainer)  # sgd: was trainer.fit()
+    result = trainer.fit()
     model = LightGBMTrainer.get_model(result.checkpoint)  # sgd: was LightGBMCheckpoint.from_checkpoint(...).get_model()
     assert model.pandas_categorical == [["A", "B"]]
 
@@ -96,7 +89,7 @@ def test_resume_from_checkpoint(ray_start_6_cpus, tmpdir):
         num_boost_round=5,
         datasets={TRAIN_DATASET_KEY: train_dataset, "valid": valid_dataset},
     )
-    result = _fit(trainer)  # sgd: was trainer.fit()
+    result = trainer.fit()
     checkpoint = result.checkpoint
     model = LightGBMTrainer.get_model(result.checkpoint)  # sgd: was LightGBMCheckpoint...get_model()
     assert get_num_trees(model) == 5
@@ -113,7 +106,7 @@ def test_resume_from_checkpoint(ray_start_6_cpus, tmpdir):
         datasets={TRAIN_DATASET_KEY: train_dataset, "valid": valid_dataset},
         resume_from_checkpoint=resume_from,
     )
-    result = _fit(trainer)  # sgd: was trainer.fit()
+    result = trainer.fit()
     xgb_model = LightGBMTrainer.get_model(result.checkpoint)  # sgd: was LightGBMCheckpoint...get_model()
     assert get_num_trees(xgb_model) == 10
 
@@ -145,7 +138,7 @@ def test_checkpoint_freq(ray_start_6_cpus, freq_end_expected):
         num_boost_round=25,
         datasets={TRAIN_DATASET_KEY: train_dataset, "valid": valid_dataset},
     )
-    result = _fit(trainer)  # sgd: was trainer.fit()
+    result = trainer.fit()
 
     # Assert number of checkpoints
     assert len(result.best_checkpoints) == expected, str(
@@ -182,7 +175,7 @@ def test_preprocessor_in_checkpoint(ray_start_6_cpus, tmpdir):
         datasets={TRAIN_DATASET_KEY: train_dataset, "valid": valid_dataset},
         preprocessor=DummyPreprocessor(),
     )
-    result = _fit(trainer)  # sgd: was trainer.fit()
+    result = trainer.fit()
 
     # Move checkpoint to a different directory.
     checkpoint_path = result.checkpoint.to_directory(str(tmpdir))  # sgd: was through to_dict() / from_dict()

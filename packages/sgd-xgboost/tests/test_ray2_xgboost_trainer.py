@@ -39,13 +39,6 @@ def ray_start_8_cpus(ray_cluster, results_dir, tmp_path, monkeypatch):
     yield ray_cluster
 
 
-def _fit(trainer):  # sgd: Ray's fit() raised a training error; sgd's returns it (listed difference)
-    result = trainer.fit()
-    if result.error:
-        raise result.error
-    return result
-
-
 scale_config = ScalingConfig(num_workers=2)
 
 data_raw = load_breast_cancer()
@@ -69,7 +62,7 @@ def test_fit(ray_start_4_cpus):
         params=params,
         datasets={TRAIN_DATASET_KEY: train_dataset, "valid": valid_dataset},
     )
-    _fit(trainer)  # sgd: was trainer.fit()
+    trainer.fit()
 
 
 class ScalingConfigAssertingXGBoostTrainer(XGBoostTrainer):
@@ -107,7 +100,7 @@ def test_resume_from_checkpoint(ray_start_4_cpus, tmpdir):
         num_boost_round=5,
         datasets={TRAIN_DATASET_KEY: train_dataset, "valid": valid_dataset},
     )
-    result = _fit(trainer)  # sgd: was trainer.fit()
+    result = trainer.fit()
     checkpoint = result.checkpoint
     xgb_model = XGBoostTrainer.get_model(checkpoint)
     assert xgb_model.num_boosted_rounds() == 5
@@ -120,7 +113,7 @@ def test_resume_from_checkpoint(ray_start_4_cpus, tmpdir):
         datasets={TRAIN_DATASET_KEY: train_dataset, "valid": valid_dataset},
         resume_from_checkpoint=result.checkpoint,
     )
-    result = _fit(trainer)  # sgd: was trainer.fit()
+    result = trainer.fit()
     model = XGBoostTrainer.get_model(result.checkpoint)
     assert model.num_boosted_rounds() == 10
 
@@ -152,7 +145,7 @@ def test_checkpoint_freq(ray_start_4_cpus, freq_end_expected):
         num_boost_round=25,
         datasets={TRAIN_DATASET_KEY: train_dataset, "valid": valid_dataset},
     )
-    result = _fit(trainer)  # sgd: was trainer.fit()
+    result = trainer.fit()
 
     # Assert number of checkpoints
     assert len(result.best_checkpoints) == expected, str(
