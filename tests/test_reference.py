@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ["sgd", "sgd.utils", "sgd.codecs", "sgd.redact", "sgd.errors", "sgd.elastic",
+PACKAGES = ["sgd", "sgd.collective", "sgd.utils", "sgd.codecs", "sgd.redact", "sgd.errors", "sgd.elastic",
             "sgd_torch", "sgd_torch.v1", "sgd_torch.elastic", "sgd_torch.huggingface", "sgd_torch.lightning",
             "sgd_tensorflow", "sgd_horovod", "sgd_loggers", "sgd_tune", "sgd_testing"]
 ENTRY = re.compile(r"^::: ([\w.]+)\s*$", re.M)

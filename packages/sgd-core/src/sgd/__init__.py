@@ -3,6 +3,7 @@
 Re-exports only; see the modules for the code.
 """
 
+from sgd import collective as collective  # the module: sgd.collective.barrier() after import sgd
 from sgd.air import (
     CheckpointConfig,
     DataParallelTrainer,

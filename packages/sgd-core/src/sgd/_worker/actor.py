@@ -261,11 +261,11 @@ def _save_measurement() -> None:
 
 #: The run-info fields the driver sends each worker process once (the same for every run of the
 #: group): a start call without them keeps the last ones sent (``WorkerState.sent_once``).
-SENT_ONCE = ("driver_node_id", "driver_files")
+SENT_ONCE = ("driver_node_id", "driver_files", "collective")
 
 #: The worker context's fields that describe the run rather than the worker's place.
 _RUN_FIELDS = ("experiment_name", "trial_dir", "trial_name", "trial_id", "driver_node_id", "driver_files",
-               "driver_files_told", "local_gpus")
+               "driver_files_told", "local_gpus", "collective", "collective_run")
 
 
 def _rank_log(session: Session) -> Any:

@@ -76,6 +76,12 @@ class WorkerContext:
     #: The number of the telling of this run's folders to that server (its requests wait for it).
     driver_files_told: int = 0
 
+    # What ``sgd.collective`` needs (set at the start of each run; see sgd._worker.collective):
+    #: the group's collective actor's handle (sent once per worker process)...
+    collective: Any = None
+    #: ...and this run's ``(group key, token, timeout_s, warn_interval_s)``.
+    collective_run: Optional[Tuple[str, int, Optional[float], float]] = None
+
 
 @public_module("sgd._worker.session")
 @dataclass(frozen=True)

@@ -100,6 +100,8 @@ class ResetLink:
         self.entered = False
         #: the run's :class:`sgd.elastic.State` (its last commit is what peers load from it)
         self.state: Any = None
+        #: the plan the run last went on from (``None`` before any re-form): which world it is in
+        self.plan_key: Any = None
 
     # --- the training thread -------------------------------------------------------------------
 
@@ -142,6 +144,8 @@ class ResetLink:
         return resume
 
     def _go_on(self, plan: Resume) -> None:
+        # The same on every worker of the re-formed world: sgd.collective counts its calls afresh in it.
+        self.plan_key = (plan.commits, plan.iteration, plan.delivered)
         self.commits = plan.commits
         self._since = 0
         self._skip_through = plan.delivered

@@ -67,6 +67,12 @@ _METRICS = itemgetter(1)
 DEFAULT_MAX_PENDING = int(os.environ.get("SGD_MAX_PENDING_RESULTS", "1024"))
 
 
+#: Called with the session in its training thread once its function returned (and its finalizers
+#: ran): sgd._worker.collective's, so that a rank still waiting in a collective this one never made
+#: fails at once.
+RETURN_HOOKS: List[Callable[["Session"], None]] = []
+
+
 class _Item:
     __slots__ = ("kind", "data", "acked", "sync", "ready")
 
@@ -179,6 +185,8 @@ class Session(_DriverDisk):
             self._uploads.wait()  # the run does not end before its uploads landed
             for finalizer in self._finalizers:
                 finalizer()
+            for hook in RETURN_HOOKS:
+                hook(self)
             result = self._encode(result)
             self._notes = run_end_hooks()
         except RunStopped:

@@ -144,6 +144,7 @@ class ActorGroup(_Placing, _InPlace):
                 self.worker_group = self._new_worker_group()
             # Its process starts while the backend is set up (a trainer's first runs need it).
             self._inputs.start_file_server(self.worker_group, ray.get_runtime_context().get_node_id())
+            self._inputs.start_collective()
             self._setup()
         except BaseException as exc:
             self._inputs.shutdown()
@@ -301,6 +302,7 @@ class ActorGroup(_Placing, _InPlace):
         run_info: Dict[str, Any] = dict(request.run_info, driver_node_id=driver_node)
         # Workers on other hosts write the run directory (their checkpoints too) through it.
         run_info["driver_files"], run_info["driver_files_told"] = self._inputs.file_server(request, wg, driver_node)
+        run_info["collective"], run_info["collective_run"] = self._inputs.collective()
         with deaths_as_errors(wg, "starting the training function"):
             self.hook.sgd_backend_training_start(**self._hook_kwargs())
         wg.run_notes = []  # they told of the last run; this one tells its own when it ends cleanly

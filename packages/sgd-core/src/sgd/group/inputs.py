@@ -1,19 +1,23 @@
-"""What a run on actors needs besides its function: the dataset split for the group's size, and
-the file server on the driver's host for workers on hosts with disks of their own.
+"""What a run on actors needs besides its function: the dataset split for the group's size, the
+file server on the driver's host for workers on hosts with disks of their own, and the group's
+key in the driver's collective actor (``sgd.collective``).
 
-Both are made once and reused: shards for every restart of a run that can reuse them, the
-file server for every run of the group (each later run's folders are added to it).
+All are made once and reused: shards for every restart of a run that can reuse them, the
+file server and the collective key for every run of the group (each later run's folders are
+added to the server; each run gets a new collective token).
 """
 
 from __future__ import annotations
 
 import contextlib
+import uuid
 from typing import Any, List, Optional, Set, Tuple
 
 import ray
 
 from sgd._worker.driver_files import start_server
 from sgd.data import data_cpu_shortfall, shard_datasets, shards_survive_restart
+from sgd.group.collective_actor import CollectiveRun, collective_actor, collective_run
 from sgd.group.protocol import RunRequest
 from sgd.worker_group import ResourcesUnavailableError, WorkerGroup
 
@@ -30,6 +34,10 @@ class RunInputs:
         self._served: Set[str] = set()
         # how many times the server was told of new folders (the number of the last telling)
         self._told = 0
+        # the driver's collective actor (sgd.collective), this group's key in it, its last run's token
+        self._collective: Any = None
+        self._collective_group = ""
+        self._collective_token = 0
 
     def shards(self, request: RunRequest, wg: WorkerGroup) -> Optional[List[Any]]:
         """The dataset split for the group's size: made once per run and size (a restarted
@@ -82,8 +90,26 @@ class RunInputs:
         self._served |= wanted
         return self._files, self._told
 
+    def start_collective(self) -> None:
+        """Take a key in the driver's collective actor, starting it if this is the driver's first
+        group (not waited for: its process starts while the backend is set up)."""
+        if self._collective is None:
+            self._collective = collective_actor()
+            self._collective_group = uuid.uuid4().hex[:16]
+
+    def collective(self) -> Tuple[Any, CollectiveRun]:
+        """The collective actor and what the next run's workers are told with it (a new token:
+        see :func:`~sgd.group.collective_actor.collective_run`)."""
+        self.start_collective()
+        self._collective_token += 1
+        return self._collective, collective_run(self._collective_group, self._collective_token)
+
     def shutdown(self) -> None:
         self._shards = None
+        if self._collective is not None:
+            actor, self._collective = self._collective, None
+            with contextlib.suppress(Exception):  # not waited for: the actor serves the driver's other groups
+                actor.forget.remote(self._collective_group)
         if self._files is not None:
             files, self._files, self._served = self._files, None, set()
             with contextlib.suppress(Exception):
