@@ -58,18 +58,12 @@ class _Reservation:
         if self._given_pg is not None:
             self._wait_for_placement(self._given_pg, self.bundle, count, owned=False)
             return [(self._given_pg, -1)] * count  # any bundle with room, as in Ray Train
-        current = ray.util.get_current_placement_group()
+        current = self._enclosing(count, first)
         if current is not None:
             # Running inside a reservation made for us (a Ray Tune trial asks for one bundle
             # for its own driver, then one per worker): use its last bundles, never nest.
-            specs = current.bundle_specs
             if first:
-                if len(specs) < count:
-                    raise ValueError(
-                        f"the enclosing placement group has {len(specs)} bundles; {count} workers "
-                        "need one each"
-                    )
-                offset = len(specs) - count
+                offset = len(current.bundle_specs) - count
                 return [(current, offset + i) for i in range(count)]
             return [(current, -1)] * count
         selector = avoid_selector(self._avoid_nodes)
@@ -78,6 +72,20 @@ class _Reservation:
         self._own_pgs.append(pg)
         self._wait_for_placement(pg, self.bundle, count, owned=True)
         return [(pg, i) for i in range(count)]
+
+    def _enclosing(self, count: int, first: bool) -> Optional[PlacementGroup]:
+        """The enclosing placement group (a Ray Tune trial's) when it was made for this group: it
+        has a bundle for each of the ``count`` workers besides its first, which holds the trial's
+        own process (sgd-tune's trials ask for that). One with no room for them (a Ray Tune trial
+        with its default resources running a trainer's ``fit()``: Ray Train 2.x's "driver
+        function" pattern) is left alone, and the group reserves its own, as Ray Train does.
+        Workers added later go where the first ones went."""
+        current = ray.util.get_current_placement_group()
+        if current is None:
+            return None
+        if first:
+            return current if len(current.bundle_specs) > count else None
+        return current if any(pg.id == current.id for pg, _ in self._slots + self._spare) else None
 
     def _reserve_on_node(self, count: int, node_id: str) -> List[Tuple[PlacementGroup, int]]:
         if self._given_pg is not None or ray.util.get_current_placement_group() is not None:
