@@ -42,6 +42,7 @@ from sgd.report_config import (
 )
 from sgd.session import (
     PreemptionInfo,
+    TrainContext,
     get_all_reported_checkpoints,
     get_checkpoint,
     get_context,
@@ -89,6 +90,7 @@ __all__ = [
     "RunFormatError",
     "RunInUseError",
     "RunNotFoundError",
+    "TrainContext",
     "Trainer",
     "TrainingCallback",
     "TrainingFailedError",

@@ -300,6 +300,10 @@ def get_session() -> Optional[Session]:
     return STATE.session
 
 
+#: Ray Train's name of the class of :func:`get_context`'s object (``ray.train.TrainContext``).
+TrainContext = WorkerContext
+
+
 def get_context() -> WorkerContext:
     """An object with ``get_world_rank()``, ``get_local_rank()``, ``get_world_size()``,
     ``get_node_rank()``, ``get_local_world_size()``, and which run this is:

@@ -145,3 +145,35 @@ def test_result_names_of_ray_260_exist():
     for name in ("metrics", "checkpoint", "error", "path", "metrics_dataframe", "best_checkpoints",
                  "return_value", "filesystem", "get_best_checkpoint", "from_path", "config"):
         assert hasattr(sgd.Result, name) or name in sgd.Result.__dataclass_fields__, name
+
+
+# --- context --------------------------------------------------------------------------------
+
+
+def test_preemption_info_has_ray_260s_names():
+    import math
+
+    from sgd._worker.context import PreemptionInfo
+
+    info = PreemptionInfo(1000.25, "10.0.0.2", "n1", {"n1": [2, 0], "n2": [1]})
+    assert info.deadline_ms == 1000250 and info.seconds_left == 0.0  # sgd's names stay
+    assert info.preempted_node_ids == ["n1", "n2"] and info.preempted_ranks == [0, 1, 2]
+    assert info.preempted_node_to_ranks == {"n1": [2, 0], "n2": [1]}
+    bare = PreemptionInfo(math.inf, "10.0.0.2", "n1")
+    assert bare.deadline_ms is None and bare.preempted_node_ids == ["n1"] and bare.preempted_ranks == []
+    assert pickle.loads(pickle.dumps(info)) == info and isinstance(sgd.PreemptionInfo(0, "a", "b"), PreemptionInfo)
+
+
+def test_get_storage_outside_a_run_and_for_a_run_folder(tmp_path):
+    from sgd._worker.context import WorkerContext
+
+    with pytest.raises(RuntimeError, match="no run folder"):
+        WorkerContext().get_storage()
+    storage = WorkerContext(trial_dir=str(tmp_path / "exp")).get_storage()
+    assert storage.experiment_fs_path == (tmp_path / "exp").as_posix()
+    assert storage.build_checkpoint_path_from_name("checkpoint_000001").endswith("exp/checkpoints/checkpoint_000001")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # get_context() outside a run warns
+        assert isinstance(sgd.get_context(), sgd.TrainContext)  # Ray's name of the context's class

@@ -8,11 +8,13 @@ they were defined first, as their ``__module__``.
 
 from __future__ import annotations
 
+import math
 import time
-from dataclasses import dataclass
-from typing import Any, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
 
 from sgd._common.public import public_module
+from sgd._worker.storage_context import StorageContext
 
 
 @public_module("sgd._worker.session")
@@ -64,6 +66,18 @@ class WorkerContext:
         """The Ray Tune trial's id when the run is a Tune trial, else ``None``."""
         return self.trial_id
 
+    def get_storage(self) -> StorageContext:
+        """Where this run is kept, as Ray Train's ``get_context().get_storage()`` (a
+        :class:`~sgd.session.StorageContext`: ``storage_filesystem``, ``storage_fs_path``,
+        ``experiment_dir_name``, ``experiment_fs_path``...), on the driver's disk.
+
+        :raises RuntimeError: outside a run (no run folder to tell).
+        """
+        if self.trial_dir is None:
+            raise RuntimeError("get_context().get_storage() is for a training function run by a trainer: there is "
+                               "no run folder here")
+        return StorageContext.for_run_dir(self.trial_dir)
+
     #: Local mode only (``num_workers=0``): the CUDA device indexes of the driver's process the
     #: function may use (``(0,)`` with ``use_gpu=True``, ``()`` without). ``None`` in a worker
     #: actor, whose GPUs are the ones Ray gave it (``CUDA_VISIBLE_DEVICES``).
@@ -91,6 +105,9 @@ class PreemptionInfo:
     Ray marked the host as draining (``ray drain-node``, a cloud preemption notice, KubeRay's
     scale-down). sgd moves the workers off it at the next checkpoint (or, when none comes, a
     few seconds before the deadline, from the latest one), without counting a failure.
+
+    Ray Train 2.60's names are there too: ``deadline_ms``, ``preempted_node_to_ranks``,
+    ``preempted_node_ids``, ``preempted_ranks``.
     """
 
     #: when the host will be gone (``time.time()`` seconds; ``math.inf`` when the notice gave no deadline).
@@ -98,6 +115,24 @@ class PreemptionInfo:
     #: the draining host's address and Ray node id.
     node_ip: str
     node_id: str
+    #: Ray Train 2.60's: every draining host of the job (Ray node id) → the world ranks of the
+    #: workers on it.
+    preempted_node_to_ranks: Dict[str, List[int]] = field(default_factory=dict, hash=False)
+
+    @property
+    def deadline_ms(self) -> Optional[int]:
+        """Ray Train 2.60's: :attr:`deadline` in UNIX milliseconds, ``None`` when there is none."""
+        return None if math.isinf(self.deadline) else int(self.deadline * 1000)
+
+    @property
+    def preempted_node_ids(self) -> List[str]:
+        """Ray Train 2.60's: the draining hosts' Ray node ids, sorted."""
+        return sorted(self.preempted_node_to_ranks) or [self.node_id]
+
+    @property
+    def preempted_ranks(self) -> List[int]:
+        """Ray Train 2.60's: the world ranks of the workers on the draining hosts, sorted."""
+        return sorted({r for ranks in self.preempted_node_to_ranks.values() for r in ranks})
 
     @property
     def seconds_left(self) -> float:

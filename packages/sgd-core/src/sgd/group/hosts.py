@@ -46,7 +46,8 @@ def announce_drain(group: WorkerGroup, draining: Dict[str, NodeInfo]) -> None:
     from ray.exceptions import RayError
 
     first = min(draining.values(), key=lambda n: n.drain_deadline or math.inf)
-    info = PreemptionInfo(first.drain_deadline or math.inf, first.ip, first.node_id)
+    by_node = {n: [i for i, m in enumerate(group.metadata) if m.node_id == n] for n in draining}
+    info = PreemptionInfo(first.drain_deadline or math.inf, first.ip, first.node_id, by_node)
     ranks = [i for i, m in enumerate(group.metadata) if m.node_id in draining]
     left = "no deadline" if info.deadline == math.inf else f"deadline in {info.seconds_left:.0f}s"
     logger.warning("host %s is draining (%s; ranks %s): the workers leave it at the next checkpoint",
