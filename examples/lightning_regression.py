@@ -54,9 +54,7 @@ def train_lightning(num_workers: int = 2, epochs: int = 4, storage_path: Optiona
     result = TorchTrainer(train_loop, train_loop_config={"epochs": epochs},
                           scaling_config=ScalingConfig(num_workers=num_workers),
                           run_config=RunConfig(name="lightning_regression", storage_path=storage_path,
-                                               verbose=0)).fit()
-    if result.error is not None:
-        raise result.error
+                                               verbose=0)).fit()  # raises if training failed
     print("final metrics:", {k: result.metrics[k] for k in ("epoch", "loss")})
     return result
 

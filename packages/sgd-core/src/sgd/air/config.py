@@ -217,7 +217,10 @@ class CheckpointConfig:
 @public_module("sgd.air")
 @dataclass
 class FailureConfig:
-    """:param max_failures: worker-group failures to recover from; ``-1`` is unlimited.
+    """:param max_failures: worker-group failures to recover from, from the latest checkpoint;
+        ``-1`` is unlimited. A failure is a worker's death or an exception the training function
+        raised on a worker (Ray 2.x's rule); one count for both. Past it ``fit()`` raises
+        :class:`sgd.WorkerGroupError`.
     :param placement_timeout_s: how long a (re)start waits for room for the workers (after a
         host is lost: for it or another to come back) before it fails; ``None``: 120 s
         (``SGD_PLACEMENT_TIMEOUT_S``). See :class:`sgd.Trainer`.
