@@ -216,3 +216,21 @@ def test_configs_pickle():
     for value in (DataConfig(["a"]), LoggingConfig("DEBUG"), FailureConfig(controller_failure_limit=1),
                   ScalingConfig(accelerator_type="A100", label_selector={"a": "b"})):
         assert pickle.loads(pickle.dumps(value)) == value
+
+
+# --- Ray Train 2.60's environment variables -----------------------------------------------
+
+
+def test_rays_worker_group_start_timeout_is_sgds_placement_timeout(monkeypatch):
+    from sgd._common.placement import placement_timeout_s
+
+    monkeypatch.delenv("SGD_PLACEMENT_TIMEOUT_S", raising=False)
+    monkeypatch.delenv("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", raising=False)
+    assert placement_timeout_s() == 120.0
+    monkeypatch.setenv("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "45")
+    assert placement_timeout_s() == 45.0
+    monkeypatch.setenv("SGD_PLACEMENT_TIMEOUT_S", "30")  # sgd's own name wins
+    assert placement_timeout_s() == 30.0
+    monkeypatch.setenv("SGD_PLACEMENT_TIMEOUT_S", "soon")
+    with pytest.raises(ValueError, match="SGD_PLACEMENT_TIMEOUT_S='soon' is not a number"):
+        placement_timeout_s()

@@ -23,9 +23,25 @@ logger = logging.getLogger("sgd")
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
 
+#: Ray Train 2.60's name of ``SGD_PLACEMENT_TIMEOUT_S`` (how long its worker group may take to
+#: start), read when sgd's is not set.
+RAY_START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
+
+
 def placement_timeout_s() -> float:
-    """Seconds to wait for resources that the cluster has but are in use (``SGD_PLACEMENT_TIMEOUT_S``)."""
-    return float(os.environ.get("SGD_PLACEMENT_TIMEOUT_S", "120"))
+    """Seconds to wait for resources that the cluster has but are in use (``SGD_PLACEMENT_TIMEOUT_S``,
+    else Ray Train's ``RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S``, else 120).
+
+    :raises ValueError: the variable is not a number of seconds (the message names it).
+    """
+    for name in ("SGD_PLACEMENT_TIMEOUT_S", RAY_START_TIMEOUT_ENV):
+        value = os.environ.get(name)
+        if value:
+            try:
+                return float(value)
+            except ValueError:
+                raise ValueError(f"{name}={value!r} is not a number of seconds") from None
+    return 120.0
 
 
 def infeasible_timeout_s() -> float:
