@@ -171,3 +171,71 @@ def test_upload_fn_returning_something_else_fails_the_run_saying_so(ray_cluster,
 
     _, error = _fit(loop, tmp_path)
     assert "checkpoint_upload_fn must return an sgd.Checkpoint" in _chain(error) and "builtins.dict" in _chain(error)
+
+
+# --- asynchronous validation (Ray 2.60's ValidationConfig) ----------------------------------------
+
+
+def _validate(checkpoint, scale=1, wait_for=None, fail=False, hang=False):
+    """The validation function: the checkpoint's ``w`` times ``scale``. ``wait_for``: a file the
+    training loop creates after its report returned (a validation run inside report never sees it)."""
+    import time
+
+    if wait_for is not None:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(wait_for):
+            assert time.monotonic() < deadline, "the training loop did not go on while the validation ran"
+            threading.Event().wait(0.05)
+    if fail:
+        raise RuntimeError("validation failed on purpose")
+    if hang:
+        threading.Event().wait(120)
+    with checkpoint.as_directory() as d:
+        return {"val": int(Path(d, "w").read_text()) * scale}
+
+
+def test_checkpoints_are_validated_asynchronously_and_their_metrics_merged(ray_cluster, tmp_path):
+    signal = str(tmp_path / "went_on")
+
+    def loop():
+        rank = sgd.get_context().get_world_rank()
+
+        def report(step, validation=False):
+            # Only rank 0 passes a checkpoint, and so asks for its validation (Ray refuses
+            # validation= without a checkpoint).
+            if rank == 0:
+                sgd.report({"step": step}, checkpoint=Checkpoint.from_directory(_folder(w=str(step))),
+                           checkpoint_dir_name=f"step_{step}", validation=validation)
+            else:
+                sgd.report({"step": step})
+
+        report(1, validation=sgd.ValidationTaskConfig(fn_kwargs={"wait_for": signal}))
+        if rank == 0:
+            Path(signal).touch()  # the validation of step 1 waits for this: report did not wait for it
+        report(2)  # no validation
+        report(3, validation=sgd.ValidationTaskConfig(fn_kwargs={"scale": 10}))
+        report(4, validation=sgd.ValidationTaskConfig(fn_kwargs={"fail": True}))
+        report(5, validation=sgd.ValidationTaskConfig(fn_kwargs={"hang": True}, timeout_s=1))
+        if rank == 0:  # the rank that reported the checkpoints: it waits for them
+            reported = sgd.get_all_reported_checkpoints()  # VALIDATED: waits for every validation
+            S = sgd.ReportedCheckpointStatus
+            assert [(Path(r.checkpoint.path).name, r.status, r.metrics.get("val")) for r in reported] == [
+                ("step_1", S.VALIDATED, 1), ("step_2", S.COMMITTED, None), ("step_3", S.VALIDATED, 30),
+                ("step_4", S.VALIDATION_FAILED, None), ("step_5", S.VALIDATION_TIMEOUT, None)], reported
+            assert reported[2].metrics["step"] == 3  # merged into the report's metrics
+        report(6, validation=True)  # validated after the function returned: the run waits for it
+
+    config = sgd.ValidationConfig(_validate, task_config=sgd.ValidationTaskConfig(fn_kwargs={"scale": 1}),
+                                  ray_remote_kwargs={"num_cpus": 0})
+    result, error = _fit(loop, tmp_path, validation_config=config)
+    assert error is None, _chain(error)
+    by_name = {Path(c.path).name: m for c, m in result.best_checkpoints}
+    assert by_name["step_6"]["val"] == 6 and by_name["step_3"]["val"] == 30 and "val" not in by_name["step_2"]
+
+
+def test_validation_without_a_validation_config_fails_the_run_saying_so(ray_cluster, tmp_path):
+    def loop():
+        sgd.report({"step": 1}, checkpoint=Checkpoint.from_dict({"w": 1}), validation=True)
+
+    _, error = _fit(loop, tmp_path)
+    assert "the trainer has no validation_config" in _chain(error), _chain(error)

@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Union
-
-if TYPE_CHECKING:
-    from sgd.checkpoint import Checkpoint
+from typing import Any, Callable, Dict, Optional, Union
 
 __all__ = [
     "CheckpointUploadMode",
@@ -102,7 +99,7 @@ class ReportedCheckpoint:
     :param status: a :class:`ReportedCheckpointStatus`.
     """
 
-    checkpoint: Checkpoint
+    checkpoint: Any  # an sgd.Checkpoint (this module sits below sgd.checkpoint: not imported)
     metrics: Dict[str, Any]
     status: ReportedCheckpointStatus
 
@@ -130,6 +127,19 @@ class ValidationTaskConfig:
                                            or not isinstance(self.timeout_s, (int, float)) or self.timeout_s <= 0):
             raise ValueError(f"ValidationTaskConfig(timeout_s=...) must be None (no limit) or a number of seconds "
                              f"greater than zero, got {self.timeout_s!r}")
+
+    @classmethod
+    def of(cls, value: Any) -> Any:
+        """``value`` as an sgd ``ValidationTaskConfig``: one, ``None``, a bool, or Ray's own
+        ``ray.train.ValidationTaskConfig`` (code that still imports it), converted.
+
+        :raises TypeError: anything else.
+        """
+        if value is None or isinstance(value, (bool, cls)):
+            return value
+        if hasattr(value, "fn_kwargs") and hasattr(value, "timeout_s"):
+            return cls(dict(value.fn_kwargs or {}), value.timeout_s)
+        raise TypeError(f"expected an sgd.ValidationTaskConfig, got {type(value).__name__}")
 
 
 class ValidationConfig:
@@ -161,6 +171,20 @@ class ValidationConfig:
         self.fn = fn
         self.task_config = task_config if task_config is not None else ValidationTaskConfig()
         self.ray_remote_kwargs = dict(ray_remote_kwargs or {})
+
+    @classmethod
+    def of(cls, value: Any) -> Optional[ValidationConfig]:
+        """``value`` as an sgd ``ValidationConfig``: one, ``None``, or Ray's own
+        ``ray.train.ValidationConfig`` (code that still imports it), converted.
+
+        :raises TypeError: anything else.
+        """
+        if value is None or isinstance(value, cls):
+            return value
+        if callable(getattr(value, "fn", None)) and hasattr(value, "task_config"):
+            task = value.task_config
+            return cls(value.fn, ValidationTaskConfig.of(task), getattr(value, "ray_remote_kwargs", None))
+        raise TypeError(f"validation_config must be an sgd.ValidationConfig (or None), got {type(value).__name__}")
 
     def __repr__(self) -> str:
         return (f"ValidationConfig(fn={getattr(self.fn, '__name__', self.fn)!r}, task_config={self.task_config!r}, "

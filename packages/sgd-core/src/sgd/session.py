@@ -142,11 +142,7 @@ def report(metrics: Optional[Dict[str, Any]] = None, checkpoint: Any = None, che
         return
     options = _options(checkpoint, checkpoint_dir_name, checkpoint_upload_mode, delete_local_checkpoint_after_upload,
                        checkpoint_upload_fn, validation)
-    session = _session("report")
-    if options.validation is not False and not getattr(session.context, "has_validation", False):
-        raise ValueError("sgd.report(validation=...) asks for a validation, but the trainer has no validation_config: "
-                         "pass validation_config=sgd.ValidationConfig(fn) to the trainer")
-    session.report(data, checkpoint, options)
+    _session("report").report(data, checkpoint, options)
 
 
 def _options(checkpoint: Any, dir_name: Any, mode: Any, delete_local: Any, upload_fn: Any,

@@ -156,6 +156,8 @@ def test_a_name_already_used_is_a_clear_error_and_nothing_is_lost(tmp_path):
 
 def test_the_index_lists_what_is_kept_with_metrics_and_status(tmp_path):
     m = _manager(tmp_path, num_to_keep=2, checkpoint_score_attribute="acc")
+    m.set_validation_config(sgd.ValidationConfig(lambda c: {}))
+    m.validations = _Submitted()
     for step, acc in [(1, 0.5), (2, 0.9), (3, 0.7)]:
         written = stage_state(_target(m), {"acc": acc})
         m.register(Path(written.path), {"acc": acc}, step, metrics={"acc": acc, "step": step},
@@ -181,3 +183,72 @@ def test_a_directory_checkpoint_keeps_its_files_under_its_name(tmp_path):
     written = stage_directory(_target(m), str(source))
     final = m.register(Path(written.path), {}, 1, metrics={"loss": 0.1}, name="model_final")
     assert (final / "weights.bin").read_bytes() == b"\x00\x01" and final.name == "model_final"
+
+
+# --- validations: the driver's bookkeeping --------------------------------------------------------
+
+
+class _Submitted:
+    """Stands in for the Ray tasks of :class:`sgd.storage.validations.Validations`: records what
+    the manager hands over (the outcome is then given by the test, as the background thread would)."""
+
+    def __init__(self):
+        self.submitted = []
+
+    def submit(self, kept, spec):
+        self.submitted.append((kept, spec))
+
+
+def test_a_validation_without_a_validation_config_is_refused_and_nothing_is_kept(tmp_path):
+    m = _manager(tmp_path)
+    written = stage_state(_target(m), {"step": 1})
+    with pytest.raises(ValueError, match="the trainer has no validation_config: pass validation_config="):
+        m.register(Path(written.path), {}, 1, validation=True)
+    assert not Path(written.path).exists() and m.kept_ids == []
+
+
+def test_a_validated_checkpoint_gets_its_metrics_merged_rescored_and_recorded(tmp_path):
+    m = _manager(tmp_path, num_to_keep=1, checkpoint_score_attribute="val")
+    m.set_validation_config(sgd.ValidationConfig(lambda c: {}))
+    m.validations = submitted = _Submitted()
+    spec = sgd.ValidationTaskConfig({"k": 1})
+    m.register(Path(stage_state(_target(m), {"w": 1}).path), {"val": 0.0}, 1, metrics={"val": 0.0, "step": 1},
+               name="a", validation=spec)
+    m.register(Path(stage_state(_target(m), {"w": 2}).path), {"val": 0.5}, 2, metrics={"val": 0.5, "step": 2},
+               name="b")
+    # 'a' scores worse and num_to_keep=1, but its validation is pending: it is kept until it ends.
+    assert m.kept_ids == [1, 2] and submitted.submitted[0][1] is spec
+    kept_a = submitted.submitted[0][0]
+    m.validated(kept_a, {"val": 0.9}, "VALIDATED")
+    entries = {e["name"]: e for e in read_index((m.checkpoint_dir / INDEX_FILE).read_bytes())}
+    assert entries["a"]["status"] == "VALIDATED" and entries["a"]["metrics"] == {"val": 0.9, "step": 1}
+    meta = json.loads((m.checkpoint_dir / "a" / METADATA_FILE).read_text())
+    assert meta["validation_status"] == "VALIDATED" and meta["score"] == 0.9 and meta["metrics"]["val"] == 0.9
+    # Re-scored above 'b': 'b' is the latest, so both stay; a third pushes out the worst.
+    m.register(Path(stage_state(_target(m), {"w": 3}).path), {"val": 0.1}, 3, name="c")
+    assert sorted(p.name for p in m.checkpoint_dir.iterdir() if not p.name.startswith(".")) == ["a", "c"]
+
+
+def test_a_failed_validation_keeps_the_metrics_and_says_so(tmp_path):
+    m = _manager(tmp_path)
+    m.set_validation_config(sgd.ValidationConfig(lambda c: {}))
+    m.validations = submitted = _Submitted()
+    m.register(Path(stage_state(_target(m), {"w": 1}).path), {}, 1, metrics={"step": 1}, validation=True)
+    m.validated(submitted.submitted[0][0], {}, "VALIDATION_FAILED")
+    [entry] = read_index((m.checkpoint_dir / INDEX_FILE).read_bytes())
+    assert entry["status"] == "VALIDATION_FAILED" and entry["metrics"] == {"step": 1}
+
+
+def test_rays_own_validation_configs_are_taken():
+    from ray.train import ValidationConfig as RayConfig
+    from ray.train import ValidationTaskConfig as RayTask
+
+    def fn(checkpoint):
+        return {}
+
+    config = sgd.ValidationConfig.of(RayConfig(fn, task_config=RayTask(fn_kwargs={"a": 1}, timeout_s=3)))
+    assert isinstance(config, sgd.ValidationConfig) and config.fn is fn
+    assert config.task_config == sgd.ValidationTaskConfig({"a": 1}, 3)
+    assert sgd.ValidationTaskConfig.of(RayTask(fn_kwargs={"b": 2})) == sgd.ValidationTaskConfig({"b": 2})
+    with pytest.raises(TypeError, match="validation_config must be an sgd.ValidationConfig"):
+        sgd.ValidationConfig.of("validate")

@@ -32,6 +32,7 @@ class HorovodTrainer(DataParallelTrainer):
         dataset_config: Optional[Dict[str, DatasetConfig]] = None,
         preprocessor: Any = None,
         metadata: Optional[Dict[str, Any]] = None,
+        validation_config: Any = None,
     ):
         if horovod_config is not None and not isinstance(horovod_config, HorovodConfig):
             raise TypeError(f"horovod_config must be a sgd_horovod.HorovodConfig, got {type(horovod_config).__name__}")
@@ -46,4 +47,5 @@ class HorovodTrainer(DataParallelTrainer):
             resume_from_checkpoint=resume_from_checkpoint,
             preprocessor=preprocessor,
             metadata=metadata,
+            validation_config=validation_config,
         )

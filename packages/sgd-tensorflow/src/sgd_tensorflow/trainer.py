@@ -34,6 +34,7 @@ class TensorflowTrainer(DataParallelTrainer):
         dataset_config: Optional[Dict[str, DatasetConfig]] = None,
         preprocessor: Any = None,
         metadata: Optional[Dict[str, Any]] = None,
+        validation_config: Any = None,
     ):
         if tensorflow_config is not None and not isinstance(tensorflow_config, TensorflowConfig):
             raise TypeError("tensorflow_config must be a sgd_tensorflow.TensorflowConfig, "
@@ -49,4 +50,5 @@ class TensorflowTrainer(DataParallelTrainer):
             resume_from_checkpoint=resume_from_checkpoint,
             preprocessor=preprocessor,
             metadata=metadata,
+            validation_config=validation_config,
         )

@@ -36,6 +36,7 @@ class TorchTrainer(DataParallelTrainer):
         dataset_config: Optional[Dict[str, DatasetConfig]] = None,
         preprocessor: Any = None,
         metadata: Optional[Dict[str, Any]] = None,
+        validation_config: Any = None,
     ):
         if torch_config is not None and not isinstance(torch_config, TorchConfig):
             raise TypeError(f"torch_config must be a sgd_torch.TorchConfig, got {type(torch_config).__name__}")
@@ -50,4 +51,5 @@ class TorchTrainer(DataParallelTrainer):
             resume_from_checkpoint=resume_from_checkpoint,
             preprocessor=preprocessor,
             metadata=metadata,
+            validation_config=validation_config,
         )

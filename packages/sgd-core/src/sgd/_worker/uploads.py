@@ -156,6 +156,8 @@ def validation_spec(validation: Any) -> ValidationSpec:
     """``validation=`` checked: a bool or a :class:`~sgd.ValidationTaskConfig`."""
     if isinstance(validation, (bool, ValidationTaskConfig)):
         return validation
+    if hasattr(validation, "fn_kwargs") and hasattr(validation, "timeout_s"):  # Ray's own ValidationTaskConfig
+        return ValidationTaskConfig.of(validation)
     raise TypeError(f"sgd.report(validation=...) takes True, False or a sgd.ValidationTaskConfig, "
                     f"got {type(validation).__name__}")
 

@@ -28,6 +28,7 @@ from sgd.checkpoint import Checkpoint
 from sgd.data import DataConfig, DatasetConfig
 from sgd.data.data_config import split_configs
 from sgd.plugins import get_plugin_manager
+from sgd.report_config import ValidationConfig
 from sgd.runs import find_run
 from sgd.storage import saved_trainer
 from sgd.storage.errors import RunNotFoundError
@@ -58,6 +59,8 @@ class DataParallelTrainer:
         before it reaches the workers, and kept in every checkpoint of the run
         (``checkpoint.get_preprocessor()``).
     :param metadata: accepted for Ray Train compatibility, kept as ``self.metadata``.
+    :param validation_config: an :class:`sgd.ValidationConfig` (Ray 2.60): how checkpoints
+        reported with ``sgd.report(..., validation=True)`` are validated, asynchronously.
 
     Datasets follow Ray Train 2.60's rule: without ``dataset_config`` (or with
     ``DataConfig()``) **every** dataset is split among the workers;
@@ -91,6 +94,7 @@ class DataParallelTrainer:
         resume_from_checkpoint: Any = None,
         preprocessor: Any = None,
         metadata: Optional[Dict[str, Any]] = None,
+        validation_config: Optional[ValidationConfig] = None,
     ):
 
         if not callable(train_loop_per_worker):
@@ -125,6 +129,7 @@ class DataParallelTrainer:
         self.resume_from_checkpoint = resume_from_checkpoint
         self.preprocessor = preprocessor
         self.metadata = dict(metadata or {})
+        self.validation_config = ValidationConfig.of(validation_config)
         self._restore_run_dir: Optional[Path] = None
 
     @property
@@ -192,11 +197,12 @@ class DataParallelTrainer:
                 trainer.placement_timeout_s = float(failure_config.placement_timeout_s)
             if failure_config.hang_timeout_s is not None:
                 trainer.hang_timeout_s = float(failure_config.hang_timeout_s)
+            trainer.validation_config = self.__dict__.get("validation_config")
             return trainer
         folder, mirror = self._experiment_dir(numbered_runs)
         if not numbered_runs:
             check_free(folder)  # another driver in the run: say so before any worker starts
-        return Trainer(
+        trainer = Trainer(
             backend=self.backend_config,
             num_workers=sc.num_workers,
             use_gpu=sc.use_gpu,
@@ -212,6 +218,8 @@ class DataParallelTrainer:
             hang_timeout_s=failure_config.hang_timeout_s,
             retry_worker_errors=True,
         )
+        trainer.validation_config = self.__dict__.get("validation_config")  # (restored trainers may lack it)
+        return trainer
 
     def fit(self) -> Result:
         """Train; the :class:`Result` of the run (``return_value``: rank 0's return value of the

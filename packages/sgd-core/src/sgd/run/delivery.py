@@ -114,7 +114,8 @@ class Delivery:
     def commit_pending(self, final: bool = False) -> None:
         """Commit the asynchronously written checkpoints whose metadata file appeared, oldest
         first (a newer one waits for an older one). ``final``: the workers have finished, so
-        every write that went well is complete; one that is not was abandoned."""
+        every write that went well is complete; one that is not was abandoned. ``final`` also
+        waits for the run's validations (:mod:`sgd.storage.validations`) to end."""
         while self._pending:
             state, iteration = self._pending[0]
             if not (Path(state.path) / METADATA_FILE).is_file():
@@ -127,6 +128,8 @@ class Delivery:
             self._pending.pop(0)
             self._manager.register(Path(state.path), state.score_values, iteration)
             self._after_checkpoint()
+        if final and self._manager.validations is not None:
+            self._manager.validations.finish()
 
 
 def _first(given: List[Tuple[int, WrittenCheckpoint]], attribute: str, default: Any = None) -> Any:

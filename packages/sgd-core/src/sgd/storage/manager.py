@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import shutil
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,7 @@ from sgd.checkpoint.storage import storage_for
 from sgd.redact import redact
 from sgd.storage.reported import check_name, write_index
 from sgd.storage.staging import TMP_PREFIX
+from sgd.storage.validations import Validations, no_validation_config_error
 
 logger = logging.getLogger("sgd")
 
@@ -101,6 +103,10 @@ class CheckpointManager:
         #: retention the newest one that is, until that report is delivered.
         self.delivered_iteration: Optional[int] = None
         self._kept: List[_Kept] = []
+        #: the kept checkpoints change in the controller's thread and in the validations' one
+        self._lock = threading.RLock()
+        #: the run's asynchronous validations (:meth:`set_validation_config`), else ``None``
+        self.validations: Optional[Validations] = None
         self.remove_temporary()
         if start_id:
             self._kept = self._scan()
@@ -140,6 +146,8 @@ class CheckpointManager:
         """
         tmp = self._confined(path)
         try:
+            if validation is not False and self.validations is None:
+                raise no_validation_config_error()
             check_name(name, iteration, self._kept)
             for shard in shards:
                 self._merge(tmp, self._confined(shard))
@@ -153,8 +161,37 @@ class CheckpointManager:
         if self.strategy.num_to_keep == 0:
             self._hold(tmp)
             return None
-        return self._persist_or_roll_back(previous, score_values, iteration, tmp, metrics=metrics, name=name,
-                                          status="PENDING_VALIDATION" if validation is not False else "COMMITTED")
+        final = self._persist_or_roll_back(previous, score_values, iteration, tmp, metrics=metrics, name=name,
+                                           status="PENDING_VALIDATION" if validation is not False else "COMMITTED")
+        if validation is not False and self.validations is not None:
+            self.validations.submit(next(c for c in self._kept if c.checkpoint_id == self.latest_id), validation)
+        return final
+
+    def set_validation_config(self, config: Any) -> None:
+        """Validate the checkpoints reported with ``validation=`` by ``config`` (an
+        :class:`sgd.ValidationConfig`; ``None``: such a report is an error)."""
+        self.validations = None if config is None else Validations(config, self.validated, self._lock)
+
+    def validated(self, kept: _Kept, metrics: Dict[str, Any], status: str) -> None:
+        """A validation ended (:mod:`sgd.storage.validations`): its status, and once validated its
+        metrics merged into the checkpoint's (re-scored when they hold the score attribute),
+        recorded in its metadata and the index; then the retention policy runs again."""
+        with self._lock:
+            kept.status = status
+            extra: Dict[str, Any] = {"validation_status": status}
+            if status == "VALIDATED":
+                kept.metrics = json_safe({**(kept.metrics or {}), **metrics})
+                extra["metrics"] = kept.metrics
+                if self.strategy.checkpoint_score_attribute in metrics:
+                    try:
+                        kept.score = self._score(kept.metrics, kept.iteration)
+                        extra["score"] = kept.score if math.isfinite(kept.score) else None
+                    except ValueError as exc:
+                        logger.warning("checkpoint %s keeps its score: %s", kept.path, exc)
+            if kept in self._kept and kept.path.is_dir():
+                _update_metadata(kept.path, extra)
+            self._prune()
+            write_index(self.checkpoint_dir, self._kept)
 
     def _confined(self, path: Any) -> Path:
         """``path`` if it is a temporary folder of :attr:`checkpoint_dir` on this disk."""
@@ -233,11 +270,12 @@ class CheckpointManager:
         except ValueError as exc:
             score, score_error = -math.inf, exc
         path = self._write(self.latest_id, written, score, iteration, metrics=metrics, name=name)
-        self._kept.append(_Kept(self.latest_id, score, path, iteration, _recorded_files(path),
-                                json_safe(metrics) if metrics is not None else None, status))
-        self._upload(path)
-        self._prune()
-        write_index(self.checkpoint_dir, self._kept)
+        with self._lock:
+            self._kept.append(_Kept(self.latest_id, score, path, iteration, _recorded_files(path),
+                                    json_safe(metrics) if metrics is not None else None, status))
+            self._upload(path)
+            self._prune()
+            write_index(self.checkpoint_dir, self._kept)
         if score_error is not None:
             raise score_error
         return path
@@ -356,11 +394,16 @@ class CheckpointManager:
         return final
 
     def _prune(self) -> None:
+        with self._lock:
+            self._prune_locked()
+
+    def _prune_locked(self) -> None:
         k = self.strategy.num_to_keep
         if k is None or len(self._kept) <= k:
             return
         ranked = sorted(self._kept, key=lambda c: (c.score, c.checkpoint_id), reverse=True)
         keep = {c.checkpoint_id for c in ranked[:k]} | {self.latest_id}
+        keep |= {c.checkpoint_id for c in self._kept if c.status == "PENDING_VALIDATION"}  # until it ends
         restorable = self._newest_restorable()
         if restorable is not None:
             keep.add(restorable.checkpoint_id)

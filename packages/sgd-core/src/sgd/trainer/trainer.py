@@ -383,6 +383,8 @@ class Trainer:
             initial = initial if state is None else state
         if preprocessor is not None:
             self._manager.preprocessor = encode_preprocessor(preprocessor)
+        # Ray 2.60's ValidationConfig (set by the AIR/v2 trainers): reports with validation=.
+        self._manager.set_validation_config(getattr(self, "validation_config", None))
         trial = self.trial_info or {}
         # The run's config and trial are kept with it for Result.metrics (Ray Train's "config", "trial_id").
         run.write_settings(dict(self._settings_json(), run_config=config or {}, trial_id=trial.get("id")))
