@@ -31,3 +31,16 @@ def test_metadata_travels_and_get_best_checkpoint_picks_by_metric(ray_cluster, t
     again = sgd.Result.from_path(result.path)
     assert again.get_best_checkpoint("loss", "min").get_metadata() == {"step": 1, "framework": "sgd", "chosen": True}
     assert sorted(c.get_metadata()["step"] for c, _ in again.best_checkpoints) == [0, 1, 2]
+
+
+def test_storage_filesystem_receives_the_runs_checkpoints(ray_cluster, tmp_path):
+    import pyarrow.fs as pafs
+
+    remote = tmp_path / "bucket"
+    remote.mkdir()
+    fs = pafs.SubTreeFileSystem(str(remote), pafs.LocalFileSystem())  # stands for s3 / gcs here
+    result = DataParallelTrainer(loop, scaling_config=ScalingConfig(num_workers=1),
+                                 run_config=RunConfig(name="on_fs", storage_path="runs", storage_filesystem=fs)).fit()
+    mirrored = sorted(p for p in (remote / "runs" / "on_fs").rglob("model.txt"))
+    assert [p.read_text() for p in mirrored] == ["0", "1", "2"]
+    assert Path(result.path).name == "on_fs" and not Path(result.path).is_relative_to(remote)  # run kept locally
