@@ -187,3 +187,19 @@ def test_a_callback_that_raises_ends_the_run_at_once_never_retried(tmp_path, hoo
         rounds_of(run)
     assert run.transitions[-1] is S.ERRORED and group.restarts == 0
     assert [c[0] for c in recorder.calls].count(hook) == 1
+
+
+def test_a_trial_stopped_by_tune_inside_a_callback_leaves_the_run_interrupted_not_errored(tmp_path):
+    """Ray Tune stops a driver-function trial by making its thread exit (SystemExit) inside
+    ``tune.report``, which TuneReportCallback calls: the run ends at once, INTERRUPTED."""
+    from sgd.runs import run_status
+
+    class Stopped(sgd.UserCallback):
+        def after_report(self, run_context, metrics, checkpoint):
+            raise SystemExit(0)
+
+    group = FakeGroup(1).report({"loss": 1.0}).report({"loss": 0.5}).finish()
+    run = _run(group, tmp_path, Stopped())
+    with pytest.raises(SystemExit):
+        rounds_of(run)
+    assert run.transitions[-1] is S.ERRORED and run_status(tmp_path / "run_001") == "INTERRUPTED"

@@ -373,7 +373,9 @@ class ActiveRun(_Recovery):
         if self.finished:
             return
         self._to(Ended(RunState.ERRORED if error else RunState.FINISHED, exc))
-        self._spec.run_dir.close(error, interrupted=isinstance(exc, KeyboardInterrupt))
+        # Ctrl-C, or the driver's thread told to exit (sys.exit: Ray Tune stopping the trial whose
+        # thread runs fit(), from inside a callback's tune.report): the run was cut short, not failed.
+        self._spec.run_dir.close(error, interrupted=isinstance(exc, (KeyboardInterrupt, SystemExit)))
         self._group.end(ok=not error, error=exc)
         self._manager.remove_temporary()
         for cb in self._spec.callbacks:

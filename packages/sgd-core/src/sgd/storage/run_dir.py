@@ -7,7 +7,8 @@
 - ``results.jsonl``: one JSON line per delivered report round (a list of per-worker dicts),
   flushed as it arrives; values JSON cannot hold are written as strings;
 - ``checkpoints/checkpoint_NNNNNN/``: see :mod:`sgd.storage.manager`;
-- ``status.json``: ``RUNNING``, ``FINISHED``, ``ERRORED``, ``INTERRUPTED`` (Ctrl-C in the driver)
+- ``status.json``: ``RUNNING``, ``FINISHED``, ``ERRORED``, ``INTERRUPTED`` (Ctrl-C in the driver, or
+  its thread made to exit: a Ray Tune trial stopped while its ``fit()`` ran)
   or ``STOPPED`` (ended early on purpose: :meth:`sgd.TrainingIterator.stop`, a Tune scheduler),
   with the driver's pid and host and the ``attempt`` (1, then one more for each driver that
   resumed the run);
