@@ -66,10 +66,7 @@ def hf_args(output_dir, **overrides):
 
 
 def fit_quietly(trainer):
-    result = trainer.fit()
-    if result.error is not None:
-        raise result.error
-    return result
+    return trainer.fit()  # raises on a failed run
 
 
 def run_config(tmp_path, name, **kwargs):
@@ -237,30 +234,30 @@ def returns_a_model(train_dataset, eval_dataset):
 def test_transformers_trainer_worker_errors(ray_cluster, tmp_path):
     from sgd_torch.huggingface import TransformersTrainer
 
-    result = TransformersTrainer(returns_a_model, scaling_config=ScalingConfig(num_workers=2),
-                                 run_config=run_config(tmp_path, "bad_init")).fit()
-    assert isinstance(result.error, TypeError)
-    assert "must return a transformers.Trainer, got GPT2LMHeadModel" in str(result.error)
+    with pytest.raises(TypeError, match="must return a transformers.Trainer, got GPT2LMHeadModel"):
+        TransformersTrainer(returns_a_model, scaling_config=ScalingConfig(num_workers=2),
+                            run_config=run_config(tmp_path, "bad_init")).fit()
 
     not_hf = tmp_path / "not_hf"
     not_hf.mkdir()
     (not_hf / "weights.pt").write_bytes(b"x")
-    result = TransformersTrainer(init_with_own_dataset,
-                                 trainer_init_config={"output_dir": str(tmp_path / "hf"), "epochs": 1},
-                                 scaling_config=ScalingConfig(num_workers=2),
-                                 run_config=run_config(tmp_path, "bad_resume"),
-                                 resume_from_checkpoint=sgd.Checkpoint.from_directory(not_hf)).fit()
-    assert isinstance(result.error, ValueError)
+    with pytest.raises(ValueError) as info:
+        TransformersTrainer(init_with_own_dataset,
+                            trainer_init_config={"output_dir": str(tmp_path / "hf"), "epochs": 1},
+                            scaling_config=ScalingConfig(num_workers=2),
+                            run_config=run_config(tmp_path, "bad_resume"),
+                            resume_from_checkpoint=sgd.Checkpoint.from_directory(not_hf)).fit()
     assert "not a Hugging Face Trainer checkpoint: it has no trainer_state.json (files: weights.pt)" in str(
-        result.error)
+        info.value)
 
 
 def test_transformers_trainer_restore_takes_a_new_trainer_init(ray_cluster, tmp_path):
     from sgd_torch.huggingface import TransformersTrainer
 
-    failed = TransformersTrainer(returns_a_model, scaling_config=ScalingConfig(num_workers=2),
-                                 run_config=run_config(tmp_path, "fixed_init")).fit()
-    assert isinstance(failed.error, TypeError)
+    with pytest.raises(TypeError) as info:
+        TransformersTrainer(returns_a_model, scaling_config=ScalingConfig(num_workers=2),
+                            run_config=run_config(tmp_path, "fixed_init")).fit()
+    failed = info.value.result
     with pytest.raises(TypeError, match="trainer_init_per_worker= and trainer_init_config="):
         TransformersTrainer.restore(failed.path, train_loop_per_worker=accelerate_loop)
     with pytest.raises(TypeError, match="trainer_init_config keys"):  # returns_a_model takes no config
@@ -455,11 +452,12 @@ def accelerate_env_loop(config):
 def test_accelerate_trainer_restore_runs_a_new_loop_under_the_saved_config(ray_cluster, tmp_path):
     from sgd_torch.huggingface import AccelerateTrainer
 
-    failed = AccelerateTrainer(accelerate_fails, train_loop_config={"tag": "first"},
-                               accelerate_config={"mixed_precision": "bf16"},
-                               scaling_config=ScalingConfig(num_workers=2),
-                               run_config=run_config(tmp_path, "acc")).fit()
-    assert isinstance(failed.error, RuntimeError)
+    with pytest.raises(RuntimeError, match="the first loop fails") as info:
+        AccelerateTrainer(accelerate_fails, train_loop_config={"tag": "first"},
+                          accelerate_config={"mixed_precision": "bf16"},
+                          scaling_config=ScalingConfig(num_workers=2),
+                          run_config=run_config(tmp_path, "acc")).fit()
+    failed = info.value.result
     with pytest.raises(TypeError, match="cannot change accelerate_config"):
         AccelerateTrainer.restore(failed.path, accelerate_config={})
     result = fit_quietly(AccelerateTrainer.restore(failed.path, train_loop_per_worker=accelerate_env_loop,
