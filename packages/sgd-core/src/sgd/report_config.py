@@ -31,8 +31,9 @@ class CheckpointUploadMode(enum.Enum):
       the run does not end before the upload has landed, and a failed upload fails the run,
       leaving the previous checkpoint the latest. The checkpoint's folder must stay until the
       upload is done: by default it is deleted after it (``delete_local_checkpoint_after_upload``).
-    - ``NO_UPLOAD``: Ray's mode for a checkpoint already in the run's storage; sgd copies it in
-      as with ``SYNC`` (a checkpoint anywhere is accepted).
+    - ``NO_UPLOAD``: a checkpoint already written into the run's checkpoint folder is committed
+      in place (no copy); sgd copies in, as with ``SYNC``, one that lies anywhere else (Ray
+      refuses it).
     """
 
     ASYNC = "ASYNC"

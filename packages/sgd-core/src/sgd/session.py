@@ -111,7 +111,9 @@ def report(metrics: Optional[Dict[str, Any]] = None, checkpoint: Any = None, che
         before it landed, and a failed upload fails the run (the previous checkpoint stays the
         latest). Keep the folder until then (``tempfile.mkdtemp()``, not a ``with
         TemporaryDirectory()`` block); it is deleted after the upload by default.
-        ``NO_UPLOAD``: as ``SYNC`` (sgd copies the checkpoint in wherever it lies).
+        ``NO_UPLOAD``: a checkpoint the loop wrote into the run's checkpoint folder itself
+        (``sgd.session.get_session().checkpoint_dir``) is committed in place; one elsewhere is
+        copied in as with ``SYNC``.
     :param delete_local_checkpoint_after_upload: delete the checkpoint's folder once uploaded
         (``None``: only with ``ASYNC``, as in Ray).
     :param checkpoint_upload_fn: ``fn(checkpoint, checkpoint_dir_name) -> sgd.Checkpoint``

@@ -252,3 +252,19 @@ def test_rays_own_validation_configs_are_taken():
     assert sgd.ValidationTaskConfig.of(RayTask(fn_kwargs={"b": 2})) == sgd.ValidationTaskConfig({"b": 2})
     with pytest.raises(TypeError, match="validation_config must be an sgd.ValidationConfig"):
         sgd.ValidationConfig.of("validate")
+
+
+def test_no_upload_takes_a_checkpoint_written_into_the_run_in_place(tmp_path):
+    from sgd._worker.uploads import ReportOptions, upload
+
+    m = _manager(tmp_path)
+    target = _target(m)
+    mine = m.checkpoint_dir / "written_here"
+    mine.mkdir(parents=True)
+    (mine / "w").write_text("1")
+    options = ReportOptions(mode=sgd.CheckpointUploadMode.NO_UPLOAD, dir_name="written_here")
+    copies = []
+    written = upload(sgd.Checkpoint.from_directory(mine), options, target, copies.append, shares_driver_disk=True)
+    assert copies == [] and not mine.exists() and Path(written.path).name.startswith(".tmp_")
+    final = m.register(Path(written.path), {}, 1, name=written.name)
+    assert final == mine and (final / "w").read_text() == "1"

@@ -90,7 +90,11 @@ def upload(checkpoint: Any, options: ReportOptions, target: CheckpointTarget,
     :raises TypeError: ``checkpoint_upload_fn`` returned something else than an ``sgd.Checkpoint``.
     """
     if options.upload_fn is None:
-        written = stage(checkpoint)
+        written = None
+        if options.mode is CheckpointUploadMode.NO_UPLOAD and shares_driver_disk:
+            written = _adopt(checkpoint, None, target)  # already in the run's storage: taken in place
+        if written is None:
+            written = stage(checkpoint)
     else:
         persisted = options.upload_fn(checkpoint, options.dir_name or default_name())
         if not isinstance(persisted, Checkpoint):
@@ -108,9 +112,9 @@ def upload(checkpoint: Any, options: ReportOptions, target: CheckpointTarget,
 
 
 def _adopt(persisted: Checkpoint, given: Any, target: CheckpointTarget) -> Optional[WrittenCheckpoint]:
-    """A checkpoint ``checkpoint_upload_fn`` wrote into the run's checkpoint folder itself,
-    moved to a temporary folder there (no copy) for the driver to commit; ``None`` if it lies
-    elsewhere (then it is copied in)."""
+    """A checkpoint ``checkpoint_upload_fn`` (or the user, with ``NO_UPLOAD``) wrote into the
+    run's checkpoint folder itself, moved to a temporary folder there (no copy) for the driver to
+    commit; ``None`` if it lies elsewhere (then it is copied in)."""
     path = persisted.path
     if path is None or persisted is given or (getattr(given, "path", None) == path):
         return None
