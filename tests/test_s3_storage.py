@@ -3,7 +3,6 @@ Ray's own tests use) reached over HTTP by pyarrow: checkpoints land in the bucke
 checksums, and a driver with an empty local directory resumes from the URI alone."""
 
 import json
-import os
 
 import pytest
 
@@ -94,17 +93,20 @@ def _air_loop(config):
     del tempfile
 
 
-def test_run_config_storage_path_in_s3(s3, ray_cluster, tmp_path):
+def test_run_config_storage_path_in_s3(s3, ray_cluster, tmp_path, results_dir):
     from sgd import DataParallelTrainer, RunConfig, ScalingConfig
 
     trainer = DataParallelTrainer(_air_loop, scaling_config=ScalingConfig(num_workers=2),
                                   run_config=RunConfig(name="air_s3", storage_path=f"s3://{BUCKET}/air"))
     result = trainer.fit()
     assert result.error is None, result.error
+    # The run's folder is local (under the results root), its checkpoints mirrored to
+    # <storage_path>/<name>/checkpoints: Ray 2.60's layout, no run_NNN.
+    assert result.path == str(results_dir / "air_s3")
     keys = _objects(s3, "air/air_s3/")
+    assert any(k.startswith("air/air_s3/checkpoints/checkpoint_000002/") for k in keys)
     assert any(k.endswith("checkpoint_000002/.sgd_checkpoint.json") for k in keys)
-    run_name = os.path.basename(result.path)
-    uri = f"s3://{BUCKET}/air/air_s3/{run_name}/checkpoints"
+    uri = f"s3://{BUCKET}/air/air_s3/checkpoints"
     resumed = DataParallelTrainer(_air_loop, scaling_config=ScalingConfig(num_workers=2),
                                   run_config=RunConfig(name="air_s3_resumed", storage_path=str(tmp_path)),
                                   resume_from_checkpoint=sgd.Checkpoint.newest_in(uri))
