@@ -17,7 +17,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ["sgd", "sgd.collective", "sgd.utils", "sgd.codecs", "sgd.redact", "sgd.errors", "sgd.elastic",
             "sgd_torch", "sgd_torch.v1", "sgd_torch.elastic", "sgd_torch.huggingface", "sgd_torch.lightning",
-            "sgd_tensorflow", "sgd_horovod", "sgd_loggers", "sgd_tune", "sgd_testing"]
+            "sgd_torch.huggingface.transformers", "sgd_tensorflow", "sgd_tensorflow.keras", "sgd_horovod",
+            "sgd_loggers", "sgd_tune", "sgd_testing", "sgd_xgboost.xgboost", "sgd_xgboost.lightgbm"]
 ENTRY = re.compile(r"^::: ([\w.]+)\s*$", re.M)
 
 # Run in a subprocess: resolving the lazy names imports TensorFlow, transformers, Lightning and

@@ -332,8 +332,10 @@ def test_ray_shard_dataset_and_prepare_trainer(ray_cluster, tmp_path):
 
 
 def test_import_error_names_the_extra():
+    # The package imports without accelerate (Ray's helpers need none); the trainers say what is missing.
     code = ("import sys; sys.modules['accelerate'] = None\n"
-            "try:\n import sgd_torch.huggingface\nexcept ImportError as e: print(e)")
+            "import sgd_torch.huggingface\n"
+            "try:\n from sgd_torch.huggingface import TransformersTrainer\nexcept ImportError as e: print(e)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == 'sgd_torch.huggingface needs accelerate, which is not installed: ' \
                           'pip install "sgd-torch[huggingface]"'

@@ -135,11 +135,12 @@ def _compare_class(name: str, ray_cls: type, sgd_obj: Any) -> List[str]:
     return out
 
 
-def compare(ray_module: str, sgd_module: str) -> Dict[str, Any]:
-    """``{"names": Ray's __all__, "missing": names sgd lacks, "differences": [...]}`` for the pair."""
+def compare(ray_module: str, sgd_module: str, names: Optional[List[str]] = None) -> Dict[str, Any]:
+    """``{"names": Ray's __all__, "missing": names sgd lacks, "differences": [...]}`` for the pair
+    (``names``: these instead of Ray's ``__all__``, for a module without one)."""
     ray_mod = importlib.import_module(ray_module)
     sgd_mod = importlib.import_module(sgd_module)
-    names = list(getattr(ray_mod, "__all__", []))
+    names = list(names if names is not None else getattr(ray_mod, "__all__", []))
     missing: List[str] = []
     differences: List[str] = []
     for name in names:
@@ -160,13 +161,14 @@ def compare(ray_module: str, sgd_module: str) -> Dict[str, Any]:
 
 _SCRIPT = ("import json, sys\nfrom sgd_testing.ray_api import compare\n"
            "pairs = json.loads(sys.argv[1])\n"
-           "print(json.dumps({sgd: compare(ray, sgd) for ray, sgd in pairs}))")
+           "print(json.dumps({pair[1]: compare(*pair) for pair in pairs}))")
 
 
-def compare_in_subprocess(*pairs: Tuple[str, str], env: Optional[Dict[str, str]] = None,
+def compare_in_subprocess(*pairs: Tuple[Any, ...], env: Optional[Dict[str, str]] = None,
                           timeout_s: float = 300) -> Dict[str, Dict[str, Any]]:
-    """:func:`compare` of each ``(ray_module, sgd_module)`` pair in one fresh interpreter
-    (``env``: its environment, default this one's); the results by sgd module."""
+    """:func:`compare` of each ``(ray_module, sgd_module)`` pair (or ``(ray_module, sgd_module,
+    names)``) in one fresh interpreter (``env``: its environment, default this one's); the results
+    by sgd module."""
     out = subprocess.run([sys.executable, "-c", _SCRIPT, json.dumps(pairs)], capture_output=True, text=True,
                          timeout=timeout_s, env=env)
     if out.returncode != 0:

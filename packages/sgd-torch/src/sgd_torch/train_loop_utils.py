@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import os
 import random
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset, RandomSampler
+from torch.utils.data import DataLoader
+
+from sgd_torch.loaders import DeviceLoader, with_distributed_sampler
+
+_DeviceLoader = DeviceLoader  # its name until 2026-11: kept for pickles that name it
 
 #: ``(run, GradScaler or None)`` set by :func:`accelerate(amp=True) <accelerate>`; it holds
 #: only for that run (workers outlive runs): see :func:`_amp`.
@@ -236,99 +240,8 @@ def strip_autocast(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def to_device(batch: Any, device: torch.device) -> Any:
-    """``batch`` with every tensor in it (in lists, tuples, dicts) moved to ``device``."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True) if batch.device != device else batch
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
-        return type(batch)(*(to_device(b, device) for b in batch))
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(to_device(b, device) for b in batch)
-    if isinstance(batch, dict):
-        return {k: to_device(v, device) for k, v in batch.items()}
-    return batch
-
-
-class _EpochSampler(DistributedSampler):
-    """The ``DistributedSampler`` that :func:`prepare_data_loader` adds: it remembers
-    whether the training function set its epoch since the last pass."""
-
-    user_set = False
-
-    def set_epoch(self, epoch: int) -> None:
-        super().set_epoch(epoch)
-        self.user_set = True
-
-
-class _DeviceLoader:
-    """A DataLoader whose batches arrive on the worker's device and whose
-    ``DistributedSampler`` gets a new epoch on every pass.
-
-    The epoch counts passes over this loader, starting at 0. A training function that
-    resumes from a checkpoint in a new process sets it (``loader.set_epoch(epoch)``, or
-    Ray Train's ``loader.sampler.set_epoch(epoch)``) so the resumed epoch shuffles as the
-    lost one would have; the count goes on from there."""
-
-    def __init__(self, loader: DataLoader, device: Optional[torch.device]):
-        self._loader = loader
-        self._device = device
-        self._epoch = 0
-        sampler = getattr(loader, "sampler", None)
-        self._last_set: Optional[int] = sampler.epoch if isinstance(sampler, DistributedSampler) else None
-
-    def __len__(self) -> int:
-        return len(self._loader)
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "_loader":  # not set yet (unpickling): no recursion
-            raise AttributeError(name)
-        return getattr(self._loader, name)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Use ``epoch`` for the next pass (and ``epoch + 1`` for the one after)."""
-        self._epoch = epoch
-
-    def __iter__(self) -> Iterator[Any]:
-        sampler = getattr(self._loader, "sampler", None)
-        if isinstance(sampler, DistributedSampler):
-            if getattr(sampler, "user_set", False) or sampler.epoch != self._last_set:
-                self._epoch = sampler.epoch  # set on the sampler itself since the last pass
-            DistributedSampler.set_epoch(sampler, self._epoch)
-            if isinstance(sampler, _EpochSampler):
-                sampler.user_set = False
-            self._last_set = self._epoch
-        self._epoch += 1
-        for batch in self._loader:
-            yield to_device(batch, self._device) if self._device is not None else batch
-
-
-def with_distributed_sampler(loader: DataLoader, world_size: int, rank: int) -> DataLoader:
-    """``loader`` rebuilt with a ``DistributedSampler`` (shuffling kept if it shuffled); returned
-    as it is when it already has one, reads an ``IterableDataset`` or has a custom batch sampler."""
-    if isinstance(loader.sampler, DistributedSampler) or isinstance(loader.dataset, IterableDataset):
-        return loader
-    if loader.batch_sampler is not None and type(loader.batch_sampler) is not BatchSampler:
-        return loader  # a custom batch sampler decides itself what each worker reads
-    sampler = _EpochSampler(loader.dataset, num_replicas=world_size, rank=rank,
-                            shuffle=isinstance(loader.sampler, RandomSampler))
-    return DataLoader(
-        loader.dataset,
-        batch_size=loader.batch_size,
-        sampler=sampler,
-        num_workers=loader.num_workers,
-        collate_fn=loader.collate_fn,
-        pin_memory=loader.pin_memory,
-        drop_last=loader.drop_last,
-        timeout=loader.timeout,
-        worker_init_fn=loader.worker_init_fn,
-        generator=loader.generator,
-        prefetch_factor=loader.prefetch_factor if loader.num_workers > 0 else None,
-        persistent_workers=loader.persistent_workers,
-    )
-
-
 def prepare_data_loader(
-    data_loader: DataLoader, add_dist_sampler: bool = True, move_to_device: bool = True
+    data_loader: DataLoader, add_dist_sampler: bool = True, move_to_device: bool = True, auto_transfer: bool = True
 ) -> Any:
     """Give each worker its own part of ``data_loader``'s dataset (``DistributedSampler``)
     and move batches to the worker's device.
@@ -337,11 +250,17 @@ def prepare_data_loader(
     every pass over the returned loader, so each epoch shuffles differently. After a
     restart the training function runs in a new process where the count starts at 0
     again: call ``loader.set_epoch(epoch)`` with the epoch it resumes at.
+
+    :param auto_transfer: on a GPU, copy the next batch to the device on a CUDA stream of its
+        own while the current one trains (Ray Train's ``auto_transfer``; batches from pinned
+        memory overlap fully); ``False``: each batch is copied when it is taken. Ignored on
+        the CPU and with ``move_to_device=False``.
     """
     if add_dist_sampler and _world_size() > 1:
         data_loader = with_distributed_sampler(data_loader, _world_size(), dist.get_rank())
     device = get_device()
-    return _DeviceLoader(data_loader, device if move_to_device and device.type != "cpu" else None)
+    return DeviceLoader(data_loader, device if move_to_device and device.type != "cpu" else None,
+                        auto_transfer=auto_transfer)
 
 
 def enable_reproducibility(seed: int = 0) -> None:

@@ -2,34 +2,39 @@
 
 Each worker builds its own ``transformers.Trainer`` (or runs an Accelerate loop) over the
 ``torch.distributed`` process group sgd set up. ``SgdReportCallback`` and ``prepare_trainer``
-are for code that builds a ``transformers.Trainer`` itself inside a ``TorchTrainer`` loop.
+are for code that builds a ``transformers.Trainer`` itself inside a ``TorchTrainer`` loop;
+:mod:`sgd_torch.huggingface.transformers` holds Ray Train 2.60's ``RayTrainReportCallback``
+and ``prepare_trainer`` (``ray.train.huggingface.transformers``).
 
-Importing this package does not import transformers, accelerate or torch: the trainers
-import them on the workers, and the three helpers below when first used.
+Importing this package imports neither transformers, accelerate nor torch, and needs none of
+them installed: each name imports what it needs when first used, and a missing package is an
+``ImportError`` with the install line then.
 """
 
 from typing import Any
 
-from sgd_torch.huggingface._deps import require
-
-require("transformers", "accelerate")
-
-from sgd_torch.huggingface.accelerate_trainer import AccelerateTrainer  # noqa: E402
-from sgd_torch.huggingface.transformers_trainer import TransformersTrainer  # noqa: E402
-
+# name -> (module, the packages it needs installed)
 _LAZY = {
-    "SgdReportCallback": "sgd_torch.huggingface.callback",
-    "RayShardDataset": "sgd_torch.huggingface.data",
-    "prepare_trainer": "sgd_torch.huggingface.data",
+    "AccelerateTrainer": ("sgd_torch.huggingface.accelerate_trainer", ("transformers", "accelerate")),
+    "TransformersTrainer": ("sgd_torch.huggingface.transformers_trainer", ("transformers", "accelerate")),
+    "SgdReportCallback": ("sgd_torch.huggingface.callback", ("transformers",)),
+    "RayShardDataset": ("sgd_torch.huggingface.data", ("torch",)),
+    "prepare_trainer": ("sgd_torch.huggingface.data", ("transformers",)),
 }
 
-__all__ = ["AccelerateTrainer", "TransformersTrainer", *sorted(_LAZY)]
+__all__ = sorted(_LAZY)
 
 
 def __getattr__(name: str) -> Any:
-    # These need transformers or torch, which the driver of a run does not otherwise import.
+    # The driver of a run needs none of these frameworks: each loads when first used.
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        from sgd_torch.huggingface._deps import require
+
+        module, needs = _LAZY[name]
+        require(*needs)
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'sgd_torch.huggingface' has no attribute {name!r}")

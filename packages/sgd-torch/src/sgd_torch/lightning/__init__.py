@@ -16,9 +16,10 @@ process group sgd set up, with sgd's ranks and devices, and reports to sgd:
         trainer = prepare_trainer(trainer)
         trainer.fit(MyModule(), train_dataloaders=make_loader())
 
-The names of Ray Train's ``ray.train.lightning`` work too (``RayDDPStrategy``,
-``RayFSDPStrategy``, ``RayLightningEnvironment``, ``RayTrainReportCallback``), so code written
-for it moves over by changing the import.
+The names of Ray Train 2.60's ``ray.train.lightning`` work too (``RayDDPStrategy``,
+``RayFSDPStrategy``, ``RayDeepSpeedStrategy``, ``RayLightningEnvironment``,
+``RayTrainReportCallback``, ``prepare_trainer``), so code written for it moves over by changing
+the import. ``RayDeepSpeedStrategy`` needs DeepSpeed installed when it is built.
 """
 
 from sgd_torch._deps import require_for
@@ -28,6 +29,7 @@ require_for("sgd_torch.lightning", 'pip install "sgd-torch[lightning]"', "lightn
 from sgd_torch.lightning._lightning import (  # noqa: E402
     CHECKPOINT_NAME,
     SgdDDPStrategy,
+    SgdDeepSpeedStrategy,
     SgdFSDPStrategy,
     SgdLightningEnvironment,
     SgdReportCallback,
@@ -36,6 +38,7 @@ from sgd_torch.lightning._lightning import (  # noqa: E402
 
 # Ray Train's names, for code that moves over from ray.train.lightning.
 RayDDPStrategy = SgdDDPStrategy
+RayDeepSpeedStrategy = SgdDeepSpeedStrategy
 RayFSDPStrategy = SgdFSDPStrategy
 RayLightningEnvironment = SgdLightningEnvironment
 RayTrainReportCallback = SgdReportCallback
@@ -43,10 +46,12 @@ RayTrainReportCallback = SgdReportCallback
 __all__ = [
     "CHECKPOINT_NAME",
     "RayDDPStrategy",
+    "RayDeepSpeedStrategy",
     "RayFSDPStrategy",
     "RayLightningEnvironment",
     "RayTrainReportCallback",
     "SgdDDPStrategy",
+    "SgdDeepSpeedStrategy",
     "SgdFSDPStrategy",
     "SgdLightningEnvironment",
     "SgdReportCallback",

@@ -12,9 +12,10 @@ from typing import Any, Dict
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.plugins.environments import LightningEnvironment
-from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
+from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy
 
 import sgd
+from sgd_torch._deps import installed
 from sgd_torch.train_loop_utils import get_device
 
 logger = logging.getLogger("sgd.lightning")
@@ -76,6 +77,21 @@ class SgdFSDPStrategy(_SgdDevices, FSDPStrategy):
     group and devices."""
 
 
+class SgdDeepSpeedStrategy(_SgdDevices, DeepSpeedStrategy):
+    """Lightning's ``DeepSpeedStrategy`` on sgd's process group and devices (Ray Train's
+    ``RayDeepSpeedStrategy``). Takes Lightning's arguments.
+
+    :raises ImportError: DeepSpeed is not installed (``pip install deepspeed``); the class is
+        importable without it, the error comes when it is built.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if not installed("deepspeed"):
+            raise ImportError("SgdDeepSpeedStrategy (Ray Train's RayDeepSpeedStrategy) needs DeepSpeed, which is not "
+                              "installed: pip install deepspeed")
+        super().__init__(*args, **kwargs)
+
+
 def _number(value: Any) -> Any:
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         return value.item()
@@ -90,7 +106,18 @@ class SgdReportCallback(Callback):
     Every worker goes through the end of every epoch, so all report the same number of
     times. Continue a run from a reported checkpoint with
     ``trainer.fit(model, ckpt_path=os.path.join(sgd.get_checkpoint().path, CHECKPOINT_NAME))``.
+
+    :param checkpoint_upload_mode: Ray 2.60's ``CheckpointUploadMode`` (or its name), passed to
+        :func:`sgd.report`; ``None``: ``SYNC``.
+    :param validation: Ray 2.60's ``validation`` argument of ``report``, passed on when set.
     """
+
+    CHECKPOINT_NAME = CHECKPOINT_NAME
+
+    def __init__(self, checkpoint_upload_mode: Any = None, validation: Any = False) -> None:
+        super().__init__()
+        self.checkpoint_upload_mode = checkpoint_upload_mode
+        self.validation = validation
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         metrics = {key: _number(value) for key, value in trainer.callback_metrics.items()}
@@ -101,7 +128,12 @@ class SgdReportCallback(Callback):
             # Collective: every rank calls it; the strategy decides who writes (rank 0 for DDP).
             trainer.save_checkpoint(os.path.join(folder, CHECKPOINT_NAME), weights_only=False)
             written = os.path.exists(os.path.join(folder, CHECKPOINT_NAME))
-            sgd.report(metrics, checkpoint=sgd.Checkpoint.from_directory(folder) if written else None)
+            options: Dict[str, Any] = {}
+            if self.checkpoint_upload_mode is not None:
+                options["checkpoint_upload_mode"] = self.checkpoint_upload_mode
+            if self.validation is not False:
+                options["validation"] = self.validation
+            sgd.report(metrics, checkpoint=sgd.Checkpoint.from_directory(folder) if written else None, **options)
         finally:
             shutil.rmtree(folder, ignore_errors=True)  # sgd has taken the files when report returns
 
@@ -121,7 +153,7 @@ def prepare_trainer(trainer: Trainer) -> Trainer:
     if not isinstance(strategy, _SgdDevices):
         warnings.warn(
             f"the Trainer's strategy is {type(strategy).__name__}: pass strategy=SgdDDPStrategy() (or "
-            "SgdFSDPStrategy()) so that Lightning uses sgd's ranks, devices and process group",
+            "SgdFSDPStrategy(), SgdDeepSpeedStrategy()) so that Lightning uses sgd's ranks, devices and process group",
             stacklevel=2,
         )
     environment = getattr(strategy, "cluster_environment", None)

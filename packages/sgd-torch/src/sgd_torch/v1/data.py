@@ -11,7 +11,7 @@ from typing import Any, Iterable, Iterator, List, Optional, Sequence
 import torch
 from torch.utils.data import Dataset, DistributedSampler
 
-from sgd_torch.train_loop_utils import to_device
+from sgd_torch.loaders import to_device
 
 
 def as_list(value: Any) -> List[Any]:

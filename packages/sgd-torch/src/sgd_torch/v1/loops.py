@@ -14,7 +14,7 @@ from typing import Any, ContextManager, Dict, Iterable, Optional
 
 import torch
 
-from sgd_torch.train_loop_utils import to_device
+from sgd_torch.loaders import to_device
 from sgd_torch.v1.data import Batches, batch_size
 from sgd_torch.v1.metrics import NUM_SAMPLES, Meters
 from sgd_torch.v1.registration import _Registration
