@@ -55,6 +55,9 @@ def test_named_checkpoints_and_all_reported_checkpoints(ray_cluster, tmp_path):
         # Only rank 0 passes one (Ray's usual pattern); the other ranks' reports carry none.
         sgd.report({"epoch": 1}, checkpoint=Checkpoint.from_directory(_folder(w="1")) if rank == 0 else None,
                    checkpoint_dir_name="epoch_1")
+        if rank == 1:  # passed none in that round: still sees rank 0's, once the driver committed it
+            seen = [Path(r.checkpoint.path).name for r in sgd.get_all_reported_checkpoints("COMMITTED")]
+            assert seen == ["epoch_0", "epoch_1"], seen
         sgd.report({"epoch": 2}, checkpoint=Checkpoint.from_dict({"epoch": 2}))  # sgd's numbered name
         reported = sgd.get_all_reported_checkpoints(consistency_mode="COMMITTED")
         assert [Path(r.checkpoint.path).name for r in reported] == ["epoch_0", "epoch_1", "checkpoint_000003"], reported

@@ -172,9 +172,10 @@ def get_all_reported_checkpoints(consistency_mode: Any = CheckpointConsistencyMo
     """Every checkpoint this run reported and still keeps, oldest first, with its metrics and
     :class:`sgd.ReportedCheckpointStatus` (Ray 2.60's ``ray.train.get_all_reported_checkpoints``).
 
-    Waits until every checkpoint this worker reported is uploaded and committed by the driver
-    (``COMMITTED``), and with ``VALIDATED`` (the default) also until the validations requested
-    so far have ended. Not a collective: any rank may call it, any number of times.
+    Waits until the driver has processed every report this worker made, the checkpoints of
+    those rounds uploaded and committed whichever rank passed them (``COMMITTED``), and with
+    ``VALIDATED`` (the default) also until the validations requested so far have ended. Not a
+    collective: any rank may call it, any number of times.
 
     :param consistency_mode: a :class:`sgd.CheckpointConsistencyMode` (or its name).
     :param timeout_s: the most seconds to wait; then what is there is returned (as Ray does).

@@ -268,3 +268,15 @@ def test_no_upload_takes_a_checkpoint_written_into_the_run_in_place(tmp_path):
     assert copies == [] and not mine.exists() and Path(written.path).name.startswith(".tmp_")
     final = m.register(Path(written.path), {}, 1, name=written.name)
     assert final == mine and (final / "w").read_text() == "1"
+
+
+def test_the_index_says_when_a_commit_is_in_flight(tmp_path):
+    from sgd.storage.reported import index_in_flight
+
+    m = _manager(tmp_path)
+    written = stage_state(_target(m), {"step": 1})
+    m.registering(1)  # the driver says so before the report's results line
+    assert index_in_flight((m.checkpoint_dir / INDEX_FILE).read_bytes())
+    m.register(Path(written.path), {}, 1)
+    assert not index_in_flight((m.checkpoint_dir / INDEX_FILE).read_bytes())
+    assert [e["id"] for e in read_index((m.checkpoint_dir / INDEX_FILE).read_bytes())] == [1]

@@ -410,6 +410,16 @@ class Session(_DriverDisk):
         items = self._items
         return bool(items) and (type(items[0]) is tuple or items[0].ready)
 
+    def reports_made(self) -> int:
+        """How many reports this worker has made in the run (its last one's ``_training_iteration``)."""
+        return self._fields.iteration
+
+    def check_stopped(self) -> None:
+        """Raise :class:`RunStopped` once the driver stopped the run (a wait in the training
+        thread that is not on the session's condition calls it)."""
+        if self._stopping:
+            raise RunStopped()
+
     def wait_reported(self, timeout_s: Optional[float]) -> bool:
         """Wait until every checkpoint this worker reported is uploaded and committed by the
         driver (for ``sgd.get_all_reported_checkpoints``); whether it was within ``timeout_s``."""

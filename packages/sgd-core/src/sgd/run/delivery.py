@@ -83,6 +83,8 @@ class Delivery:
         self.delivered_iteration = iteration
         results = round_.results
         has_checkpoint = round_.has_reported_checkpoint
+        if has_checkpoint:
+            manager.registering(iteration)  # before its line: see sgd._worker.reported
         self._run_dir.append_line(round_.json_line(), flush or has_checkpoint)
         manager.delivered(iteration)
         if has_checkpoint:

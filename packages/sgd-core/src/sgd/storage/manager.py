@@ -107,6 +107,10 @@ class CheckpointManager:
         self._lock = threading.RLock()
         #: the run's asynchronous validations (:meth:`set_validation_config`), else ``None``
         self.validations: Optional[Validations] = None
+        # The report whose checkpoint is being committed now, and the last one committed (in the
+        # index: a worker's get_all_reported_checkpoints waits for the one it may miss).
+        self._intent: Optional[int] = None
+        self._through = 0
         self.remove_temporary()
         if start_id:
             self._kept = self._scan()
@@ -160,12 +164,25 @@ class CheckpointManager:
         self.latest_iteration = iteration
         if self.strategy.num_to_keep == 0:
             self._hold(tmp)
+            self._intent = None
             return None
+        self._intent, self._through = None, max(self._through, iteration)  # written with the index below
         final = self._persist_or_roll_back(previous, score_values, iteration, tmp, metrics=metrics, name=name,
                                            status="PENDING_VALIDATION" if validation is not False else "COMMITTED")
         if validation is not False and self.validations is not None:
             self.validations.submit(next(c for c in self._kept if c.checkpoint_id == self.latest_id), validation)
         return final
+
+    def registering(self, iteration: int) -> None:
+        """The checkpoint of report ``iteration`` is about to be committed (said in the index
+        before the report's ``results.jsonl`` line is written, so that a worker that sees the
+        line waits for the checkpoint: :mod:`sgd._worker.reported`)."""
+        with self._lock:
+            self._intent = iteration
+            self._write_index()
+
+    def _write_index(self) -> None:
+        write_index(self.checkpoint_dir, self._kept, intent=self._intent, through=self._through)
 
     def set_validation_config(self, config: Any) -> None:
         """Validate the checkpoints reported with ``validation=`` by ``config`` (an
@@ -191,7 +208,7 @@ class CheckpointManager:
             if kept in self._kept and kept.path.is_dir():
                 _update_metadata(kept.path, extra)
             self._prune()
-            write_index(self.checkpoint_dir, self._kept)
+            self._write_index()
 
     def _confined(self, path: Any) -> Path:
         """``path`` if it is a temporary folder of :attr:`checkpoint_dir` on this disk."""
@@ -275,7 +292,7 @@ class CheckpointManager:
                                     json_safe(metrics) if metrics is not None else None, status))
             self._upload(path)
             self._prune()
-            write_index(self.checkpoint_dir, self._kept)
+            self._write_index()
         if score_error is not None:
             raise score_error
         return path
@@ -416,7 +433,7 @@ class CheckpointManager:
                 if self.mirror:
                     self._mirror_storage().delete_dir(self.mirror_uri(c.path.name))
         if removed:
-            write_index(self.checkpoint_dir, self._kept)
+            self._write_index()
 
     # --- mirror ----------------------------------------------------------------------
 

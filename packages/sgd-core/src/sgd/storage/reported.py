@@ -41,11 +41,16 @@ def check_name(name: Optional[str], iteration: int, kept: Sequence[Any]) -> None
                 "checkpoint its own name (f'epoch_{epoch}')")
 
 
-def write_index(checkpoint_dir: Path, kept: Sequence[Any]) -> None:
+def write_index(checkpoint_dir: Path, kept: Sequence[Any], intent: Optional[int] = None, through: int = 0) -> None:
     """Write the index of the ``kept`` checkpoints (``_Kept`` records), atomically; remove it
-    when none is kept (the folder then goes: see ``CheckpointManager._hold``)."""
+    when none is kept and none is being committed (the folder then goes: see
+    ``CheckpointManager._hold``).
+
+    :param intent: the report whose checkpoint is being committed now (``None``: none).
+    :param through: the last report whose checkpoint was committed.
+    """
     index = checkpoint_dir / INDEX_FILE
-    if not kept:
+    if not kept and intent is None:
         try:
             index.unlink()
         except FileNotFoundError:
@@ -62,7 +67,7 @@ def write_index(checkpoint_dir: Path, kept: Sequence[Any]) -> None:
     fd, tmp = tempfile.mkstemp(prefix=".tmp_index_", dir=checkpoint_dir)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump({"version": INDEX_VERSION, "checkpoints": entries}, f)
+            json.dump({"version": INDEX_VERSION, "checkpoints": entries, "intent": intent, "through": through}, f)
         os.replace(tmp, index)
     except BaseException:
         try:
@@ -70,6 +75,15 @@ def write_index(checkpoint_dir: Path, kept: Sequence[Any]) -> None:
         except OSError:
             pass
         raise
+
+
+def index_in_flight(text: Optional[bytes]) -> bool:
+    """Whether the index says a checkpoint is being committed right now."""
+    if not text:
+        return False
+    data = json.loads(text)
+    intent = data.get("intent") if isinstance(data, dict) else None
+    return isinstance(intent, int) and intent > int(data.get("through") or 0)
 
 
 def read_index(text: Optional[bytes]) -> List[Dict[str, Any]]:
