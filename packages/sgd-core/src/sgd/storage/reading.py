@@ -142,8 +142,9 @@ def check_format(run: Path) -> Path:
 
     :raises RunFormatError: it was written by a newer sgd.
     """
-    settings = _read_json(run / SETTINGS_FILE)
-    version = settings.get("format_version", 1) if isinstance(settings, dict) else 1
+    read = _read_json(run / SETTINGS_FILE)
+    settings: Dict[str, Any] = read if isinstance(read, dict) else {}
+    version = settings.get("format_version", 1)
     if isinstance(version, int) and version > RUN_FORMAT_VERSION:
         raise RunFormatError(
             f"{run} was written by a newer sgd ({settings.get('sgd_version', 'unknown version')}, run format "
