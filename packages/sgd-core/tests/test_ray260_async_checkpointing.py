@@ -21,8 +21,6 @@ import ray.cloudpickle as ray_pickle
 import sgd
 from sgd import Checkpoint, CheckpointUploadMode, DataParallelTrainer, RunConfig, ScalingConfig
 
-STORAGE = "issue 53 D: get_context().get_storage() (build_checkpoint_path_from_name)"
-
 
 @pytest.fixture
 def ray_start_4_cpus(ray_cluster):
@@ -42,7 +40,6 @@ def load_dict_checkpoint(checkpoint):  # sgd: was ray.train.tests.util (not publ
         return json.loads(Path(path, "data.json").read_text())
 
 
-@pytest.mark.xfail(reason=STORAGE, strict=False)
 def test_report_mixed_checkpoint_upload_modes(ray_start_4_cpus, tmp_path):
     """Every pair of upload modes (ASYNC, SYNC, NO_UPLOAD, no checkpoint) between two workers."""
 
@@ -101,7 +98,7 @@ def test_report_mixed_checkpoint_upload_modes(ray_start_4_cpus, tmp_path):
     [  # sgd: three of Ray's six cases, for a short suite
         (True, CheckpointUploadMode.ASYNC),
         (False, CheckpointUploadMode.SYNC),
-        pytest.param(True, CheckpointUploadMode.NO_UPLOAD, marks=pytest.mark.xfail(reason=STORAGE, strict=False)),
+        (True, CheckpointUploadMode.NO_UPLOAD),
     ],
 )
 def test_report_delete_local_checkpoint_after_upload(ray_start_4_cpus, tmp_path, delete_local_checkpoint_after_upload,
@@ -131,7 +128,6 @@ def test_report_delete_local_checkpoint_after_upload(ray_start_4_cpus, tmp_path,
         assert os.path.exists(local)
 
 
-@pytest.mark.xfail(reason=STORAGE, strict=False)
 def test_report_checkpoint_upload_function(ray_start_4_cpus, tmp_path):
     # sgd: Ray's test runs without its ray_start_4_cpus fixture (DataParallelTrainer starts Ray); here on the cluster
     def checkpoint_upload_function(checkpoint, checkpoint_dir_name):

@@ -139,7 +139,6 @@ def test_result_repr():
     assert "metrics={'iter': 0, 'metric': 1.0}" in repr(res)
 
 
-@pytest.mark.xfail(reason="issue 53 D: Result.get_best_checkpoint", strict=False)
 def test_get_best_checkpoint():
     res = Result(
         metrics={},
@@ -152,7 +151,6 @@ def test_get_best_checkpoint():
     assert res.get_best_checkpoint(metric="metric", mode="min").path == "/bucket/path/ckpt0"
 
 
-@pytest.mark.xfail(reason="issue 53 D: Result.get_best_checkpoint; A1: fit() raises WorkerGroupError", strict=False)
 def test_result_restore(ray_start_4_cpus, tmp_path):
     # sgd: Ray's test is parametrized over storage (local, remote: a mock S3 server), path type, a
     # passed storage_filesystem (Ray's private StorageContext) and a trailing slash, and trains once
