@@ -130,11 +130,13 @@ def test_a_tracker_port_in_use_is_named(ray_cluster, cancer):
         busy.bind(("", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        result = XGBoostTrainer(
-            params=PARAMS, label_column="target", datasets={"train": train}, num_boost_round=2,
-            xgboost_config=XGBoostConfig(tracker_port=port),
-            scaling_config=sgd.ScalingConfig(num_workers=2), run_config=sgd.RunConfig(verbose=0),
-        ).fit()
-    assert isinstance(result.error, RuntimeError)
-    assert f":{port}" in str(result.error) and "tracker_port=0" in str(result.error)
-    assert result.checkpoint is None
+        with pytest.raises(sgd.TrainingFailedError) as info:
+            XGBoostTrainer(
+                params=PARAMS, label_column="target", datasets={"train": train}, num_boost_round=2,
+                xgboost_config=XGBoostConfig(tracker_port=port),
+                scaling_config=sgd.ScalingConfig(num_workers=2), run_config=sgd.RunConfig(verbose=0),
+            ).fit()
+    error = info.value.__cause__  # what failed, in its own type
+    assert isinstance(error, RuntimeError)
+    assert f":{port}" in str(error) and "tracker_port=0" in str(error)
+    assert info.value.result.checkpoint is None

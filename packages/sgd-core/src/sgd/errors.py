@@ -232,7 +232,7 @@ def _reduce_failed(exc: TrainingFailedError, args: Tuple[Any, ...], state: Dict[
 def _rebuild_failed(plain: type, extra: Optional[type], args: Tuple[Any, ...]) -> BaseException:
     cls = plain if extra is None else _both(plain, extra)
     # Made by the builtin base that lays the instance out (OSError's for an OSError), as cls(...) would be.
-    maker = cls
+    maker: Any = cls
     while maker.__module__ != "builtins":
         maker = maker.__base__
     exc = maker.__new__(cls, *args)

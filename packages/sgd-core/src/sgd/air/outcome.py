@@ -94,11 +94,12 @@ def training_failed(error: BaseException, result: Any) -> TrainingFailedError:
     if failures:
         single = next(iter(failures.values()))
         message = describe_failure(error) if worker_rank(error) is not None else str(error)
-        cls = also_instance_of(WorkerGroupError, single) if len(set(map(id, failures.values()))) == 1 else \
-            WorkerGroupError
-        raised = cls(message, failures, result=result)
+        group: Any = also_instance_of(WorkerGroupError, single) if len({id(f) for f in failures.values()}) == 1 \
+            else WorkerGroupError
+        raised = group(message, failures, result=result)
     else:
-        raised = also_instance_of(ControllerError, error)(error, result=result)
+        controller: Any = also_instance_of(ControllerError, error)
+        raised = controller(error, result=result)
     raised.__cause__ = error
     if result is not None:
         result.error = raised
