@@ -280,3 +280,16 @@ def test_the_index_says_when_a_commit_is_in_flight(tmp_path):
     m.register(Path(written.path), {}, 1)
     assert not index_in_flight((m.checkpoint_dir / INDEX_FILE).read_bytes())
     assert [e["id"] for e in read_index((m.checkpoint_dir / INDEX_FILE).read_bytes())] == [1]
+
+
+def test_no_upload_without_a_name_keeps_the_folders_own(tmp_path):
+    from sgd._worker.uploads import ReportOptions, upload
+
+    m = _manager(tmp_path)
+    mine = m.checkpoint_dir / "my_step_7"
+    mine.mkdir(parents=True)
+    (mine / "w").write_text("7")
+    options = ReportOptions(mode=sgd.CheckpointUploadMode.NO_UPLOAD)
+    written = upload(sgd.Checkpoint.from_directory(mine), options, _target(m), None, shares_driver_disk=True)
+    assert written.name == "my_step_7"
+    assert m.register(Path(written.path), {}, 1, name=written.name) == mine

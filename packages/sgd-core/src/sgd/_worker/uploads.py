@@ -89,10 +89,13 @@ def upload(checkpoint: Any, options: ReportOptions, target: CheckpointTarget,
         (the default upload).
     :raises TypeError: ``checkpoint_upload_fn`` returned something else than an ``sgd.Checkpoint``.
     """
+    name = options.dir_name
     if options.upload_fn is None:
         written = None
         if options.mode is CheckpointUploadMode.NO_UPLOAD and shares_driver_disk:
             written = _adopt(checkpoint, None, target)  # already in the run's storage: taken in place
+            if written is not None and name is None:
+                name = _own_name(checkpoint.path)  # it stays where it is, as in Ray
         if written is None:
             written = stage(checkpoint)
     else:
@@ -104,11 +107,19 @@ def upload(checkpoint: Any, options: ReportOptions, target: CheckpointTarget,
         written = _adopt(persisted, checkpoint, target) if shares_driver_disk else None
         if written is None:
             written = stage(persisted)
-    written.name = options.dir_name
+    written.name = name
     written.validation = options.validation
     if options.delete_local:
         _delete_local(checkpoint, target)
     return written
+
+
+def _own_name(path: str) -> Optional[str]:
+    """The folder name a checkpoint written in place keeps, if sgd may commit it under it."""
+    try:
+        return check_dir_name(os.path.basename(os.path.normpath(path)))
+    except (TypeError, ValueError):
+        return None  # e.g. one of sgd's numbered names: it gets its own number's
 
 
 def _adopt(persisted: Checkpoint, given: Any, target: CheckpointTarget) -> Optional[WrittenCheckpoint]:
