@@ -102,7 +102,7 @@ def _compare_class(name: str, ray_cls: type, sgd_obj: Any) -> List[str]:
     if not inspect.isclass(sgd_obj):
         return [f"{name}: a class in Ray, a {type(sgd_obj).__name__} in sgd"]
     out: List[str] = []
-    ray_init = _signature(ray_cls.__init__) if "__init__" in vars(ray_cls) else None
+    ray_init = _signature(vars(ray_cls)["__init__"]) if "__init__" in vars(ray_cls) else None
     if ray_init is not None and _forwards_only(ray_init):
         base = _framework_base(ray_cls)
         if base is not None and not issubclass(sgd_obj, base):
