@@ -59,8 +59,9 @@ class DatasetConfig:
     :param per_epoch_preprocessor: a fitted or stateless preprocessor applied to this dataset's
         rows every epoch (lazily, so random transforms differ per epoch).
 
-    ``split`` left ``None`` is ``True`` in ``Trainer.run``; AIR trainers split ``"train"`` and
-    give every other dataset whole to every worker.
+    ``split`` left ``None`` is ``True`` in ``Trainer.run``. AIR trainers split every dataset (Ray
+    Train 2.60, :class:`sgd.DataConfig`); given a dict of ``DatasetConfig`` they keep Ray AIR's
+    rule: ``"train"`` split, every other dataset whole to every worker unless its config says so.
     """
 
     split: Union[bool, str, None] = None

@@ -47,7 +47,8 @@ class TransformersTrainer(TorchTrainer):
         the run's config: it appears in the run's logs).
     :param datasets: ``{"train": ..., "evaluation": ...}`` (either may be left out). Both are
         split among the workers (each evaluates its own part), as Ray AIR's
-        ``HuggingFaceTrainer`` did; other names go whole to every worker.
+        ``HuggingFaceTrainer`` did; other names are split too (Ray Train 2.60's default), or go
+        whole to every worker when an AIR ``dataset_config`` dict is passed.
     Other arguments as :class:`sgd_torch.TorchTrainer`.
     """
 
