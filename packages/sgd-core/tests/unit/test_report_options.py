@@ -293,3 +293,25 @@ def test_no_upload_without_a_name_keeps_the_folders_own(tmp_path):
     written = upload(sgd.Checkpoint.from_directory(mine), options, _target(m), None, shares_driver_disk=True)
     assert written.name == "my_step_7"
     assert m.register(Path(written.path), {}, 1, name=written.name) == mine
+
+
+def test_a_validation_an_earlier_attempt_did_not_finish_is_asked_again_on_resume(tmp_path, monkeypatch):
+    m = _manager(tmp_path)
+    m.set_validation_config(sgd.ValidationConfig(lambda c: {}))
+    m.validations = _Submitted()
+    spec = sgd.ValidationTaskConfig({"k": 2}, 7)
+    m.register(Path(stage_state(_target(m), {"w": 1}).path), {}, 1, name="a", validation=spec)
+    m.register(Path(stage_state(_target(m), {"w": 2}).path), {}, 2, name="b")
+    # The driver died with 'a' pending: the next run over the same folder validates it again.
+    again = _manager(tmp_path, start_id=2)
+    calls = []
+
+    class _Recording(_Submitted):
+        def __init__(self, *args):
+            super().__init__()
+            calls.append(self)
+
+    monkeypatch.setattr("sgd.storage.manager.Validations", _Recording)  # no Ray task in the unit tier
+    again.set_validation_config(sgd.ValidationConfig(lambda c: {}))
+    [(kept, resubmitted)] = calls[0].submitted
+    assert kept.path.name == "a" and resubmitted == spec

@@ -36,7 +36,7 @@ from sgd.checkpoint.storage import storage_for
 from sgd.redact import redact
 from sgd.storage.reported import check_name, write_index
 from sgd.storage.staging import TMP_PREFIX
-from sgd.storage.validations import Validations, no_validation_config_error
+from sgd.storage.validations import Validations, no_validation_config_error, spec_from_json, spec_to_json
 
 logger = logging.getLogger("sgd")
 
@@ -67,6 +67,8 @@ class _Kept:
     #: (what ``sgd.get_all_reported_checkpoints`` reads, from :mod:`sgd.storage.reported`'s index).
     metrics: Optional[Dict[str, Any]] = None
     status: str = "COMMITTED"
+    #: the report's ``validation=`` while its validation is pending (``False``: none asked for)
+    spec: Any = False
 
 
 class CheckpointManager:
@@ -170,7 +172,11 @@ class CheckpointManager:
         final = self._persist_or_roll_back(previous, score_values, iteration, tmp, metrics=metrics, name=name,
                                            status="PENDING_VALIDATION" if validation is not False else "COMMITTED")
         if validation is not False and self.validations is not None:
-            self.validations.submit(next(c for c in self._kept if c.checkpoint_id == self.latest_id), validation)
+            kept = next(c for c in self._kept if c.checkpoint_id == self.latest_id)
+            kept.spec = validation
+            # Kept with it, so that a run resumed by name validates it if this one does not.
+            _update_metadata(kept.path, {"validation_status": kept.status, "validation_spec": spec_to_json(validation)})
+            self.validations.submit(kept, validation)
         return final
 
     def registering(self, iteration: int) -> None:
@@ -188,6 +194,13 @@ class CheckpointManager:
         """Validate the checkpoints reported with ``validation=`` by ``config`` (an
         :class:`sgd.ValidationConfig`; ``None``: such a report is an error)."""
         self.validations = None if config is None else Validations(config, self.validated, self._lock)
+        pending = sorted((c for c in self._kept if c.status == "PENDING_VALIDATION"), key=lambda c: c.checkpoint_id)
+        if pending and self.validations is None:
+            logger.warning("%d checkpoints of this run wait for a validation, but the trainer has no "
+                           "validation_config; they stay PENDING_VALIDATION", len(pending))
+        for c in pending if self.validations is not None else ():
+            logger.info("validating checkpoint %s, whose validation an earlier attempt did not finish", c.path)
+            self.validations.submit(c, c.spec)
 
     def validated(self, kept: _Kept, metrics: Dict[str, Any], status: str) -> None:
         """A validation ended (:mod:`sgd.storage.validations`): its status, and once validated its
@@ -466,7 +479,8 @@ class CheckpointManager:
                 metrics = meta.get("metrics")
                 kept.append(_Kept(int(meta["id"]), -math.inf if score is None else float(score), p,
                                   int(meta.get("iteration") or 0), None,
-                                  metrics if isinstance(metrics, dict) else None, _status(meta)))
+                                  metrics if isinstance(metrics, dict) else None, _status(meta),
+                                  spec_from_json(meta.get("validation_spec"))))
             except (TypeError, ValueError, KeyError):
                 continue  # metadata altered: never ranked, never loaded
         return kept

@@ -117,3 +117,23 @@ def no_validation_config_error() -> ValueError:
     return ValueError("sgd.report(validation=...) asks for a validation, but the trainer has no validation_config: "
                       "pass validation_config=sgd.ValidationConfig(fn) to the trainer")
 
+
+
+def spec_to_json(spec: Any) -> Any:
+    """A report's ``validation=`` as its checkpoint's metadata keeps it (so that a run resumed
+    by name validates a checkpoint whose validation had not ended)."""
+    if spec is True or spec is False:
+        return spec
+    return {"fn_kwargs": spec.fn_kwargs, "timeout_s": spec.timeout_s}
+
+
+def spec_from_json(value: Any) -> Any:
+    """:func:`spec_to_json` read back (``True`` for anything it cannot read)."""
+    if isinstance(value, dict):
+        from sgd.report_config import ValidationTaskConfig
+
+        try:
+            return ValidationTaskConfig(dict(value.get("fn_kwargs") or {}), value.get("timeout_s"))
+        except (TypeError, ValueError):
+            return True
+    return True
