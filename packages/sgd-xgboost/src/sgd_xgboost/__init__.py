@@ -3,6 +3,10 @@
 The backends (``"xgboost"``, ``"lightgbm"``), their configs and the trainers import neither
 framework; the report callbacks (which subclass XGBoost's) and the data helpers import theirs
 on first use.
+
+Ray Train 2.60's modules are here under renamed imports: ``sgd_xgboost.xgboost`` is
+``ray.train.xgboost`` and ``sgd_xgboost.lightgbm`` is ``ray.train.lightgbm`` (each with its own
+``RayTrainReportCallback``); importing ``sgd_xgboost`` imports neither.
 """
 
 from typing import Any
