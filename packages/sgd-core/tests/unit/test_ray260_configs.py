@@ -234,3 +234,22 @@ def test_rays_worker_group_start_timeout_is_sgds_placement_timeout(monkeypatch):
     monkeypatch.setenv("SGD_PLACEMENT_TIMEOUT_S", "soon")
     with pytest.raises(ValueError, match="SGD_PLACEMENT_TIMEOUT_S='soon' is not a number"):
         placement_timeout_s()
+
+
+def test_new_configs_are_kept_as_json_for_restore(tmp_path):
+    from sgd.air.saved import SAVED_CONFIGS, backend_name, config_of_backend
+    from sgd.storage import saved_trainer
+
+    trainer = sgd.DataParallelTrainer(
+        lambda: None, dataset_config=DataConfig(["train"]),
+        run_config=RunConfig(name="x", logging_config=LoggingConfig("DEBUG"),
+                             failure_config=FailureConfig(controller_failure_limit=2)),
+        scaling_config=ScalingConfig(num_workers=2, accelerator_type="A100"))
+    state = saved_trainer.state_of(trainer, ("datasets", "_restore_run_dir", "_restore_trusted"))
+    saved_trainer.save(tmp_path, type(trainer), state, SAVED_CONFIGS, backend_name)
+    loaded = saved_trainer.SavedTrainer(tmp_path).load(["train_loop_per_worker"], False, SAVED_CONFIGS,
+                                                       config_of_backend, "DataParallelTrainer")
+    assert loaded["dataset_config"] == DataConfig(["train"])  # JSON, nothing unpickled
+    assert loaded["run_config"].logging_config == LoggingConfig("DEBUG")
+    assert loaded["run_config"].failure_config.controller_failure_limit == 2
+    assert loaded["scaling_config"].accelerator_type == "A100"
