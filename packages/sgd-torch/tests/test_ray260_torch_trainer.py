@@ -129,8 +129,6 @@ def build_dummy_trainer(exp_name, storage_path, num_iterations, num_checkpoints,
     )
 
 
-@pytest.mark.xfail(reason="issue 53 (no part): Checkpoint's repr is Checkpoint(path='...'), Ray 2.60's "
-                          "Checkpoint(filesystem=local, path=...)", strict=False)
 def test_result_repr():
     res = Result(metrics={"iter": 0, "metric": 1.0}, checkpoint=Checkpoint("/bucket/path/ckpt0"), error=None,
                  path="/bucket/path")

@@ -252,8 +252,9 @@ class Checkpoint(UserMetadata):
             return decode_preprocessor(path.read_bytes(), trust, self._path or local)
 
     def __repr__(self) -> str:
-        if self._path:
-            return f"Checkpoint(path={self._path!r})"
+        if self._path:  # Ray Train 2.60's form: Checkpoint(filesystem=local, path=/runs/x/checkpoint_000001)
+            scheme, sep, rest = self._path.partition("://")
+            return f"Checkpoint(filesystem={scheme if sep else 'local'}, path={rest if sep else self._path})"
         return f"Checkpoint(dict with {len(self._data or {})} keys)"
 
 
