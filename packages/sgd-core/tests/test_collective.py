@@ -181,6 +181,21 @@ def test_timeout_names_the_ranks_that_never_arrived(base_trainer, tmp_path, monk
     assert time.monotonic() - begun < 60
 
 
+def test_a_waiting_call_logs_the_ranks_it_waits_for_in_the_rank_log(base_trainer, tmp_path, monkeypatch):
+    from sgd_testing.fixtures import wait_for
+
+    monkeypatch.setenv("SGD_COLLECTIVE_WARN_INTERVAL_S", "0.3")
+    monkeypatch.setenv("SGD_COLLECTIVE_TIMEOUT_S", "2")
+    with pytest.raises(CollectiveTimeoutError):
+        base_trainer.run(rank1_late, config={"folder": str(tmp_path)})
+    log = base_trainer.latest_run_dir / "logs" / "rank_0.log"
+    wait_for(lambda: "for rank [1] (world size 2)" in log.read_text(), timeout=20,
+             message=f"no warning in {log}")
+    text = log.read_text()
+    assert "sgd.collective.barrier (collective call #1) has waited" in text
+    assert "SGD_COLLECTIVE_WARN_INTERVAL_S" in text
+
+
 def test_local_mode_returns_at_once(tmp_path):
     data = {"a": [1, 2]}
 

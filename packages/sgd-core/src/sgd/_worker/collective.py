@@ -16,13 +16,16 @@ import time
 import weakref
 from typing import Any, Optional, Tuple
 
-from sgd._common.rendezvous import BROADCAST
+from sgd._common.rendezvous import BROADCAST, CollectiveTimeoutError
 from sgd._worker.session import RETURN_HOOKS, STATE, RunStopped, Session
 
 logger = logging.getLogger("sgd")
 
 #: The longest single wait on the actor: how soon a stopped run leaves a collective, seconds.
 WAIT_SLICE_S = 0.1
+#: How many times a timed-out call asks the actor to fail it (one per timeout period) before it
+#: fails on its own (an actor that does not answer must not hold a rank past its timeout).
+ABORTS = 3
 
 
 class _Calls:
@@ -121,7 +124,8 @@ def _wait(session: Session, ref: Any, actor: Any, where: Tuple[str, int, Any, in
 
     begun = time.monotonic()
     next_warning = begun + warn_s
-    aborted = False
+    aborts, next_abort = 0, begun + (timeout_s or 0.0)
+    missing: Optional[list] = None  # as the actor last said
     try:
         while True:
             ready, _ = ray.wait([ref], timeout=WAIT_SLICE_S)
@@ -133,25 +137,31 @@ def _wait(session: Session, ref: Any, actor: Any, where: Tuple[str, int, Any, in
             now = time.monotonic()
             if now >= next_warning:
                 next_warning = now + warn_s
-                _warn(session, actor, where, warn_s)
-            if timeout_s is not None and not aborted and now - begun >= timeout_s:
-                aborted = True  # the actor fails the call for every rank: the answer comes on ref
+                missing = _warn(session, actor, where, warn_s)
+            if timeout_s is not None and now >= next_abort:
+                if aborts >= ABORTS:  # the actor does not answer: the timeout holds all the same
+                    raise CollectiveTimeoutError(
+                        f"{call} (collective call #{where[3]}) timed out after {now - begun:.1f} s, and the "
+                        f"collective actor did not answer (ranks missing when it last did: {missing}); set "
+                        "SGD_COLLECTIVE_TIMEOUT_S to wait longer", missing or [], timeout_s, call, where[3])
+                # The actor fails the call for every rank, naming the missing ones: the answer comes on ref.
                 actor.abort.remote(*where, timeout_s)
+                aborts, next_abort = aborts + 1, now + max(timeout_s, 1.0)
     except RayActorError as exc:
         raise RuntimeError(f"{call}: the group's collective actor died ({exc}); the run fails over as for a "
                            "worker failure") from exc
 
 
-def _warn(session: Session, actor: Any, where: Tuple[str, int, Any, int], warn_s: float) -> None:
-    """Log which ranks the collective still waits for (from the lowest rank waiting only)."""
+def _warn(session: Session, actor: Any, where: Tuple[str, int, Any, int], warn_s: float) -> Optional[list]:
+    """Log which ranks the collective still waits for (from the lowest rank waiting only); them."""
     import ray
 
     try:
         status = ray.get(actor.status.remote(*where), timeout=warn_s)
     except Exception:
-        return
+        return None
     if status is None:
-        return
+        return None
     call, arrived, missing, elapsed = status
     if arrived and arrived[0] == session.context.world_rank:
         logger.warning(
@@ -159,6 +169,7 @@ def _warn(session: Session, actor: Any, where: Tuple[str, int, Any, int], warn_s
             "same sgd.collective calls in the same order. SGD_COLLECTIVE_WARN_INTERVAL_S sets how often this "
             "is said, SGD_COLLECTIVE_TIMEOUT_S a limit.", call, where[3], elapsed, "s" if len(missing) != 1 else "",
             missing, session.context.world_size)
+    return list(missing)
 
 
 def run_returned(session: Session) -> None:
