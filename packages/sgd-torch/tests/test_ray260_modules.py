@@ -29,8 +29,6 @@ KNOWN = {
     # sgd's TorchCheckpoint stores its dict with sgd's codec, not a model.pt file.
     "TorchCheckpoint.MODEL_FILENAME: no such attribute in sgd",
 }
-#: Ray 2.60's trainer argument that another part of issue 53 adds (ValidationConfig, part G).
-PENDING = {"TorchTrainer(): no parameter 'validation_config'"}
 
 
 def test_every_ray_name_with_a_compatible_signature():
@@ -42,7 +40,7 @@ def test_every_ray_name_with_a_compatible_signature():
     assert found["sgd_torch.huggingface.transformers"]["names"] == ["RayTrainReportCallback", "prepare_trainer"]
     for module, result in found.items():
         assert result["missing"] == [], module
-        assert [d for d in result["differences"] if d not in NOT_USER_API | KNOWN | PENDING] == [], module
+        assert [d for d in result["differences"] if d not in NOT_USER_API | KNOWN] == [], module
 
 
 # --- prepare_data_loader(auto_transfer=) --------------------------------------------------------

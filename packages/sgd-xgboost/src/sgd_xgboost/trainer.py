@@ -81,9 +81,6 @@ class _BoostingTrainer(DataParallelTrainer):
                 label_column, params, num_boost_round, datasets, dataset_config, dmatrix_params,
                 dict(train_kwargs or {}), scaling, run_config)
         assert train_loop_per_worker is not None
-        # Ray 2.60's ValidationConfig goes to the data-parallel trainer when given (sgd's own
-        # refuses it if it does not know it).
-        more = {} if validation_config is None else {"validation_config": validation_config}
         super().__init__(
             train_loop_per_worker,
             train_loop_config=train_loop_config,
@@ -95,7 +92,7 @@ class _BoostingTrainer(DataParallelTrainer):
             resume_from_checkpoint=resume_from_checkpoint,
             preprocessor=preprocessor,
             metadata=metadata,
-            **more,
+            validation_config=validation_config,
         )
 
     # --- the older shape -------------------------------------------------------------
@@ -211,7 +208,7 @@ class XGBoostTrainer(_BoostingTrainer):
     Ray 2.60's shape: ``XGBoostTrainer(train_loop_per_worker, *, train_loop_config=None,
     xgboost_config=None, scaling_config=None, run_config=None, datasets=None, dataset_config=None,
     resume_from_checkpoint=None, metadata=None, preprocessor=None, validation_config=None)``
-    (``validation_config``: Ray 2.60's ``ValidationConfig``, where sgd has it); inside the loop,
+    (``validation_config``: Ray 2.60's :class:`sgd.ValidationConfig`); inside the loop,
     ``xgboost.train(...)`` is one distributed job (build the matrices with
     :func:`sgd_xgboost.to_quantile_dmatrix` from ``sgd.get_dataset_shard(name)``, report with
     :class:`sgd_xgboost.xgboost.RayTrainReportCallback`, Ray's name, or
