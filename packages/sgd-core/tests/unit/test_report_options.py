@@ -15,7 +15,7 @@ from sgd._worker.uploads import CheckpointUploadError, check_deletable, check_di
 from sgd.checkpoint import METADATA_FILE
 from sgd.checkpoint.integrity import checkpoint_dirs
 from sgd.storage.manager import CheckpointManager
-from sgd.storage.reported import INDEX_FILE, read_index
+from sgd.storage.reported import index_path, read_index
 from sgd.storage.staging import stage_directory, stage_state
 
 
@@ -162,7 +162,7 @@ def test_the_index_lists_what_is_kept_with_metrics_and_status(tmp_path):
         written = stage_state(_target(m), {"acc": acc})
         m.register(Path(written.path), {"acc": acc}, step, metrics={"acc": acc, "step": step},
                    name=f"epoch_{step}", validation=step == 3)
-    entries = read_index((m.checkpoint_dir / INDEX_FILE).read_bytes())
+    entries = read_index(index_path(m.checkpoint_dir).read_bytes())
     # Ray's order: by score, worst first; the worst (epoch_1) was pruned.
     assert [(e["name"], e["status"]) for e in entries] == [("epoch_3", "PENDING_VALIDATION"), ("epoch_2", "COMMITTED")]
     assert entries[1]["metrics"] == {"acc": 0.9, "step": 2}
@@ -220,7 +220,7 @@ def test_a_validated_checkpoint_gets_its_metrics_merged_rescored_and_recorded(tm
     assert m.kept_ids == [1, 2] and submitted.submitted[0][1] is spec
     kept_a = submitted.submitted[0][0]
     m.validated(kept_a, {"val": 0.9}, "VALIDATED")
-    entries = {e["name"]: e for e in read_index((m.checkpoint_dir / INDEX_FILE).read_bytes())}
+    entries = {e["name"]: e for e in read_index(index_path(m.checkpoint_dir).read_bytes())}
     assert entries["a"]["status"] == "VALIDATED" and entries["a"]["metrics"] == {"val": 0.9, "step": 1}
     meta = json.loads((m.checkpoint_dir / "a" / METADATA_FILE).read_text())
     assert meta["validation_status"] == "VALIDATED" and meta["score"] == 0.9 and meta["metrics"]["val"] == 0.9
@@ -235,7 +235,7 @@ def test_a_failed_validation_keeps_the_metrics_and_says_so(tmp_path):
     m.validations = submitted = _Submitted()
     m.register(Path(stage_state(_target(m), {"w": 1}).path), {}, 1, metrics={"step": 1}, validation=True)
     m.validated(submitted.submitted[0][0], {}, "VALIDATION_FAILED")
-    [entry] = read_index((m.checkpoint_dir / INDEX_FILE).read_bytes())
+    [entry] = read_index(index_path(m.checkpoint_dir).read_bytes())
     assert entry["status"] == "VALIDATION_FAILED" and entry["metrics"] == {"step": 1}
 
 
@@ -276,10 +276,10 @@ def test_the_index_says_when_a_commit_is_in_flight(tmp_path):
     m = _manager(tmp_path)
     written = stage_state(_target(m), {"step": 1})
     m.registering(1)  # the driver says so before the report's results line
-    assert index_in_flight((m.checkpoint_dir / INDEX_FILE).read_bytes())
+    assert index_in_flight(index_path(m.checkpoint_dir).read_bytes())
     m.register(Path(written.path), {}, 1)
-    assert not index_in_flight((m.checkpoint_dir / INDEX_FILE).read_bytes())
-    assert [e["id"] for e in read_index((m.checkpoint_dir / INDEX_FILE).read_bytes())] == [1]
+    assert not index_in_flight(index_path(m.checkpoint_dir).read_bytes())
+    assert [e["id"] for e in read_index(index_path(m.checkpoint_dir).read_bytes())] == [1]
 
 
 def test_no_upload_without_a_name_keeps_the_folders_own(tmp_path):

@@ -16,7 +16,7 @@ from typing import Any, List, Optional
 
 from sgd.checkpoint import Checkpoint
 from sgd.report_config import CheckpointConsistencyMode, ReportedCheckpoint, ReportedCheckpointStatus
-from sgd.storage.reported import INDEX_FILE, index_in_flight, read_index
+from sgd.storage.reported import index_in_flight, index_path, read_index
 
 #: The run directory's results file (:mod:`sgd.storage.run_dir`) and how much of its end is read.
 RESULTS_FILE = "results.jsonl"
@@ -34,16 +34,16 @@ def read_reported(session: Any, mode: CheckpointConsistencyMode,
     if folder is None:
         return []
     session.wait_reported(timeout_s)
-    index_path = os.path.join(folder, INDEX_FILE)
-    _wait_delivered(session, index_path, deadline)
-    entries = read_index(_read(session, index_path))
+    index = str(index_path(folder))
+    _wait_delivered(session, index, deadline)
+    entries = read_index(_read(session, index))
     if mode is CheckpointConsistencyMode.VALIDATED:
         pause = threading.Event()  # never set: a wait that a stopped run does not outlive
         while any(e.get("status") == ReportedCheckpointStatus.PENDING_VALIDATION.value for e in entries):
             if deadline is not None and time.monotonic() >= deadline:
                 break
             pause.wait(RECHECK_S if deadline is None else max(0.0, min(RECHECK_S, deadline - time.monotonic())))
-            entries = read_index(_read(session, os.path.join(folder, INDEX_FILE)))
+            entries = read_index(_read(session, index))
     return [ReportedCheckpoint(checkpoint=Checkpoint(path=os.path.join(folder, str(e["name"]))),
                                metrics=dict(e.get("metrics") or {}),
                                status=ReportedCheckpointStatus(e.get("status", "COMMITTED")))

@@ -1,4 +1,5 @@
-"""The run's reported checkpoints as the workers read them: ``checkpoints/.reported.json``.
+"""The run's reported checkpoints as the workers read them: ``reported_checkpoints.json`` in the
+run directory (beside ``checkpoints/``, which holds only checkpoint folders).
 
 The driver's :class:`~sgd.storage.manager.CheckpointManager` rewrites this index (atomically)
 whenever the checkpoints it keeps change: one committed, pruned, or its validation ended. A worker
@@ -18,9 +19,14 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-#: The index's file name in the run's checkpoint folder (hidden: never taken for a checkpoint).
-INDEX_FILE = ".reported.json"
+#: The index's file name, in the run directory.
+INDEX_FILE = "reported_checkpoints.json"
 INDEX_VERSION = 1
+
+
+def index_path(checkpoint_dir: Any) -> Path:
+    """Where the index of the run whose checkpoint folder is ``checkpoint_dir`` lies."""
+    return Path(checkpoint_dir).parent / INDEX_FILE
 
 
 def check_name(name: Optional[str], iteration: int, kept: Sequence[Any]) -> None:
@@ -49,7 +55,7 @@ def write_index(checkpoint_dir: Path, kept: Sequence[Any], intent: Optional[int]
     :param intent: the report whose checkpoint is being committed now (``None``: none).
     :param through: the last report whose checkpoint was committed.
     """
-    index = checkpoint_dir / INDEX_FILE
+    index = index_path(checkpoint_dir)
     if not kept and intent is None:
         try:
             index.unlink()
@@ -64,7 +70,7 @@ def write_index(checkpoint_dir: Path, kept: Sequence[Any], intent: Optional[int]
         "metrics": c.metrics,
         "status": c.status,
     } for c in sorted(kept, key=lambda c: c.checkpoint_id)]
-    fd, tmp = tempfile.mkstemp(prefix=".tmp_index_", dir=checkpoint_dir)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp_index_", dir=index.parent)
     try:
         with os.fdopen(fd, "w") as f:
             json.dump({"version": INDEX_VERSION, "checkpoints": entries, "intent": intent, "through": through}, f)
