@@ -111,13 +111,7 @@ def test_data_context_propagation(ray_start_4_cpus, restore_data_context):
     ).fit()
 
 
-@pytest.mark.parametrize("cache_random_preprocessing", [
-    True,
-    pytest.param(False, marks=pytest.mark.xfail(reason=(
-        "issue 53 D: a shard of a dataset re-executed each epoch (random_shuffle not materialized) is not of equal "
-        "size: a worker read 17 of 32 rows in epoch 0 and 16 in epoch 1 (Ray splits with equal=True)"),
-        strict=False)),
-])
+@pytest.mark.parametrize("cache_random_preprocessing", [True, False])
 def test_per_epoch_preprocessing(ray_start_4_cpus, cache_random_preprocessing):
     NUM_ROWS, NUM_WORKERS = 32, 2
     ds = ray.data.range(NUM_ROWS, override_num_blocks=NUM_ROWS).random_shuffle()

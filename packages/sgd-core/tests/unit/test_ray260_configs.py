@@ -175,6 +175,7 @@ def test_data_config_default_splits_every_dataset():
 def test_data_config_splits_only_the_named_datasets():
     configs = split_configs(DataConfig(datasets_to_split=["train"]), AIR_RULES, {"train": 1, "valid": 2})
     assert configs["train"].split is True and configs["valid"].split is False
+    assert configs["train"].equal is True  # Ray's split: the same number of rows on every worker
 
 
 def test_data_config_unknown_name_is_a_clear_error():

@@ -18,7 +18,8 @@ class DataConfig:
     """Which datasets of ``datasets=`` are split among the workers (Ray Train 2.60's
     ``ray.train.DataConfig``), passed as a trainer's ``dataset_config=``.
 
-    A split dataset reaches each worker as its own part (sgd divides it deterministically and
+    A split dataset reaches each worker as its own part of equal size, as in Ray (up to
+    ``num_workers - 1`` rows of an epoch left out; sgd divides it deterministically and
     resumably where its plan allows, see :mod:`sgd.data`); any other goes whole to every
     worker. Without ``dataset_config``, an AIR trainer uses ``DataConfig()``: **every** dataset
     is split, as in Ray Train 2.60. (Ray AIR 2.x split only ``"train"``; its dict of
@@ -108,5 +109,7 @@ def split_configs(data_config: DataConfig, rules: Dict[str, DatasetConfig], data
     resolved = {}
     for name in datasets:
         base = rules.get(name, rules.get("*", DatasetConfig()))
-        resolved[name] = dataclasses.replace(base, split=name in split).resolved(split=True)
+        # Ray's split is equal=True: every worker the same number of rows (up to n - 1 left out).
+        resolved[name] = dataclasses.replace(base, split=name in split, equal=base.equal or name in split
+                                             ).resolved(split=True)
     return resolved
