@@ -12,6 +12,7 @@ two implementations; sgd has one). ``test_serialized_imports`` needs a cluster:
 import pyarrow.fs
 import pytest
 
+import sgd
 from sgd import DataParallelTrainer, FailureConfig, RunConfig, ScalingConfig
 
 AIR_COMPAT = ("sgd runs Ray AIR 2.x code too, where this argument is valid: it is accepted (AIR's meaning), "
@@ -78,13 +79,13 @@ def test_scaling_config_default_workers():
     "operation, raise_error",
     [
         pytest.param(lambda: FailureConfig(fail_fast=True), True, id="fail_fast",
-                     marks=pytest.mark.xfail(strict=True, reason=AIR_COMPAT)),
+                     marks=pytest.mark.xfail(strict=True, raises=pytest.fail.Exception, reason=AIR_COMPAT)),
         pytest.param(lambda: RunConfig(verbose=0), True, id="verbose",
-                     marks=pytest.mark.xfail(strict=True, reason=AIR_COMPAT)),
+                     marks=pytest.mark.xfail(strict=True, raises=pytest.fail.Exception, reason=AIR_COMPAT)),
         pytest.param(lambda: FailureConfig(), False, id="FailureConfig()"),
         pytest.param(lambda: RunConfig(), False, id="RunConfig()"),
         pytest.param(lambda: ScalingConfig(trainer_resources={"CPU": 1}), True, id="trainer_resources",
-                     marks=pytest.mark.xfail(strict=True, reason=AIR_COMPAT)),
+                     marks=pytest.mark.xfail(strict=True, raises=pytest.fail.Exception, reason=AIR_COMPAT)),
         pytest.param(lambda: ScalingConfig(), False, id="ScalingConfig()"),
     ],
 )
@@ -102,9 +103,12 @@ def test_scaling_config_total_resources():
     assert scaling_config.total_resources == {"CPU": 2, "GPU": 2}
 
 
-@pytest.mark.xfail(strict=True, reason="sgd keeps Trainer.restore / can_restore working (AIR and Ray 2.7-2.42 code "
-                                       "calls them; issue 53: they accept both run layouts); Ray 2.60 raises "
-                                       "DeprecationWarning and resumes by name instead, which sgd does too")
+RESTORE = ("sgd keeps Trainer.restore / can_restore working (AIR and Ray 2.7-2.42 code calls them; issue 53: they "
+           "accept both run layouts); Ray 2.60 raises DeprecationWarning and resumes by name instead, which sgd does "
+           "too; here restore('dummy') says that no run is there")
+
+
+@pytest.mark.xfail(strict=True, raises=sgd.RunNotFoundError, reason=RESTORE)
 def test_trainer_restore():
     with pytest.raises(DeprecationWarning):
         DataParallelTrainer.restore("dummy")
