@@ -104,3 +104,39 @@ def test_failure_config_restarts_torch_workers(ray_cluster, tmp_path):
                                                failure_config=FailureConfig(max_failures=1))).fit()
     assert killer.killed and result.error is None
     assert list(result.metrics_dataframe["epoch"]) == [0, 1, 2, 3, 4]
+
+
+def raises_once_in_the_process_group(config):
+    """An all_reduce per epoch over gloo, a checkpoint per epoch; rank 1 raises once at epoch 2."""
+    import json
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    start = 0
+    checkpoint = sgd.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as d:
+            start = json.loads(Path(d, "state.json").read_text())["epoch"] + 1
+    for epoch in range(start, 4):
+        if epoch == 2 and sgd.world_rank() == 1 and not os.path.exists(config["marker"]):
+            open(config["marker"], "w").close()
+            raise TimeoutError("a flaky read")
+        total = torch.tensor([1.0])
+        dist.all_reduce(total)
+        with tempfile.TemporaryDirectory() as d:
+            Path(d, "state.json").write_text(json.dumps({"epoch": epoch}))
+            sgd.report({"epoch": epoch, "start": start, "world": total.item()},
+                       checkpoint=sgd.Checkpoint.from_directory(d) if sgd.world_rank() == 0 else None)
+
+
+def test_max_failures_retries_an_exception_and_the_process_group_is_formed_again(ray_cluster, tmp_path):
+    from sgd_torch import TorchTrainer
+
+    result = TorchTrainer(raises_once_in_the_process_group, {"marker": str(tmp_path / "raised")},
+                          ScalingConfig(num_workers=2),
+                          run_config=RunConfig(storage_path=str(tmp_path),
+                                               failure_config=FailureConfig(max_failures=1))).fit()
+    assert os.path.exists(tmp_path / "raised")
+    assert list(result.metrics_dataframe["epoch"]) == [0, 1, 2, 3]
+    assert result.metrics["start"] == 2 and result.metrics["world"] == 2.0
