@@ -70,7 +70,7 @@ DEFAULT_MAX_PENDING = int(os.environ.get("SGD_MAX_PENDING_RESULTS", "1024"))
 #: Called with the session in its training thread once its function returned (and its finalizers
 #: ran): sgd._worker.collective's, so that a rank still waiting in a collective this one never made
 #: fails at once.
-RETURN_HOOKS: List[Callable[["Session"], None]] = []
+RETURN_HOOKS: List[Callable[[Session], None]] = []
 
 
 class _Item:

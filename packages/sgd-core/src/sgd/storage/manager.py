@@ -193,14 +193,16 @@ class CheckpointManager:
     def set_validation_config(self, config: Any) -> None:
         """Validate the checkpoints reported with ``validation=`` by ``config`` (an
         :class:`sgd.ValidationConfig`; ``None``: such a report is an error)."""
-        self.validations = None if config is None else Validations(config, self.validated, self._lock)
+        validations = self.validations = None if config is None else Validations(config, self.validated, self._lock)
         pending = sorted((c for c in self._kept if c.status == "PENDING_VALIDATION"), key=lambda c: c.checkpoint_id)
-        if pending and self.validations is None:
-            logger.warning("%d checkpoints of this run wait for a validation, but the trainer has no "
-                           "validation_config; they stay PENDING_VALIDATION", len(pending))
-        for c in pending if self.validations is not None else ():
+        if validations is None:
+            if pending:
+                logger.warning("%d checkpoints of this run wait for a validation, but the trainer has no "
+                               "validation_config; they stay PENDING_VALIDATION", len(pending))
+            return
+        for c in pending:
             logger.info("validating checkpoint %s, whose validation an earlier attempt did not finish", c.path)
-            self.validations.submit(c, c.spec)
+            validations.submit(c, c.spec)
 
     def validated(self, kept: _Kept, metrics: Dict[str, Any], status: str) -> None:
         """A validation ended (:mod:`sgd.storage.validations`): its status, and once validated its

@@ -88,6 +88,10 @@ class Trainer:
         (``num_workers=0``) never retries: the function runs in this process.
     """
 
+    #: The :class:`sgd.ValidationConfig` of the checkpoints reported with ``validation=`` (set by the
+    #: AIR trainers' ``validation_config=``); ``None``: such a report fails the run.
+    validation_config: Any = None
+
     def __init__(
         self,
         backend: Union[str, BackendConfig] = "torch",
@@ -384,7 +388,7 @@ class Trainer:
         if preprocessor is not None:
             self._manager.preprocessor = encode_preprocessor(preprocessor)
         # Ray 2.60's ValidationConfig (set by the AIR/v2 trainers): reports with validation=.
-        self._manager.set_validation_config(getattr(self, "validation_config", None))
+        self._manager.set_validation_config(self.validation_config)
         trial = self.trial_info or {}
         # The run's config and trial are kept with it for Result.metrics (Ray Train's "config", "trial_id").
         run.write_settings(dict(self._settings_json(), run_config=config or {}, trial_id=trial.get("id")))
