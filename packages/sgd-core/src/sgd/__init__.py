@@ -18,11 +18,13 @@ from sgd.air.config_fields import LoggingConfig
 from sgd.backend import Backend, BackendConfig, BackendSpec, free_address
 from sgd.callbacks import TrainingCallback
 from sgd.checkpoint import Checkpoint, CheckpointStrategy
-from sgd.data import DataConfig, DatasetConfig, DatasetShard, cross_validation_folds
+from sgd.data import TRAIN_DATASET_KEY, DataConfig, DatasetConfig, DatasetShard, cross_validation_folds
 from sgd.errors import (
     CheckpointError,
     CheckpointIntegrityError,
     ControllerError,
+    NCCLHangError,
+    PreemptionError,
     TrainingFailedError,
     TrainingHangError,
     UntrustedCheckpointError,
@@ -38,6 +40,7 @@ from sgd.report_config import (
     ReportedCheckpoint,
     ReportedCheckpointStatus,
     ValidationConfig,
+    ValidationFn,
     ValidationTaskConfig,
 )
 from sgd.session import (
@@ -75,6 +78,9 @@ __all__ = [
     "CheckpointIntegrityError",
     "CheckpointStrategy",
     "ControllerError",
+    "NCCLHangError",
+    "PreemptionError",
+    "TRAIN_DATASET_KEY",
     "DataParallelTrainer",
     "FailureConfig",
     "Result",
@@ -126,6 +132,7 @@ __all__ = [
     "ReportedCheckpoint",
     "ReportedCheckpointStatus",
     "ValidationConfig",
+    "ValidationFn",
     "ValidationTaskConfig",
     "get_all_reported_checkpoints",
 ]

@@ -24,6 +24,8 @@ __all__ = [
     "CheckpointError",
     "CheckpointIntegrityError",
     "ControllerError",
+    "NCCLHangError",
+    "PreemptionError",
     "TrainingFailedError",
     "UntrustedCheckpointError",
     "WorkerDiedError",
@@ -154,6 +156,34 @@ class ControllerError(TrainingFailedError):
         _, (cls, args), state = super().__reduce__()
         state["controller_failure"] = _sendable(self.controller_failure)
         return _reduce_failed(self, args, state)
+
+
+class NCCLHangError(WorkerGroupError):
+    """Ray 2.60's error for a job its NCCL RAS watcher found hung; here for code that catches it.
+
+    sgd has no NCCL watcher and never raises it: a hung job is a :class:`TrainingHangError`
+    (``hang_timeout_s``), inside a :class:`WorkerGroupError` once the retries run out.
+    """
+
+
+class PreemptionError(TrainingFailedError):
+    """Ray 2.60's error for training interrupted by a node's preemption; here for code that
+    catches it.
+
+    sgd never raises it: a draining host is not a failure there. The controller moves the
+    workers off it at the next checkpoint (or when the drain's deadline is near) and goes on; a
+    host that goes before that is a worker death, retried by ``FailureConfig(max_failures)``
+    (a :class:`WorkerGroupError` holding a :class:`WorkerDiedError` once retries run out).
+
+    :param preemption_info: the :class:`sgd.PreemptionInfo` of the preemption.
+    :param drain_timed_out: whether the deadline passed while workers were still running.
+    """
+
+    def __init__(self, preemption_info: Any, drain_timed_out: bool = False):
+        super().__init__(f"Training was interrupted by node preemption (preempted_ranks="
+                         f"{getattr(preemption_info, 'preempted_ranks', None)}, drain_timed_out={drain_timed_out}).")
+        self.preemption_info = preemption_info
+        self.drain_timed_out = drain_timed_out
 
 
 #: (sgd's class, the failure's class) → the class that is both (see :func:`also_instance_of`)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Union
+from typing import Any, Callable, Dict, Optional, Protocol, Union
 
 __all__ = [
     "CheckpointUploadMode",
@@ -19,6 +19,7 @@ __all__ = [
     "ReportedCheckpoint",
     "ValidationTaskConfig",
     "ValidationConfig",
+    "ValidationFn",
 ]
 
 
@@ -141,6 +142,14 @@ class ValidationTaskConfig:
         if hasattr(value, "fn_kwargs") and hasattr(value, "timeout_s"):
             return cls(dict(value.fn_kwargs or {}), value.timeout_s)
         raise TypeError(f"expected an sgd.ValidationTaskConfig, got {type(value).__name__}")
+
+
+class ValidationFn(Protocol):
+    """The type of :class:`ValidationConfig`'s ``fn`` (Ray 2.60's ``ray.train.ValidationFn``):
+    called with the committed checkpoint and the task's keyword arguments, it returns a dict of
+    metrics merged into that checkpoint's."""
+
+    def __call__(self, checkpoint: Any, **kwargs: Any) -> Dict[str, Any]: ...
 
 
 class ValidationConfig:

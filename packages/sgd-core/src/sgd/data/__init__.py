@@ -24,12 +24,13 @@ Re-exports only; the code is in the submodules, one concept each: ``config``
 
 from sgd.data.config import DatasetConfig
 from sgd.data.cpus import data_cpu_shortfall
-from sgd.data.data_config import DataConfig
+from sgd.data.data_config import TRAIN_DATASET_KEY, DataConfig
 from sgd.data.folds import cross_validation_folds
 from sgd.data.shard import DatasetShard
 from sgd.data.split import shard_datasets, shards_survive_restart
 
 __all__ = [
+    "TRAIN_DATASET_KEY",
     "DataConfig",
     "DatasetConfig",
     "DatasetShard",

@@ -11,6 +11,10 @@ from typing import Any, Dict, List, Optional, Union
 from sgd._common.public import public_module
 from sgd.data.config import DatasetConfig
 
+#: The dataset a trainer fits its preprocessor on and that AIR's rules split (Ray's
+#: ``ray.train.TRAIN_DATASET_KEY``).
+TRAIN_DATASET_KEY = "train"
+
 
 @public_module("sgd.data")
 @dataclass
