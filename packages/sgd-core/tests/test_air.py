@@ -50,8 +50,9 @@ def test_fit_returns_result_with_directory_checkpoints(ray_cluster, tmp_path):
     result = trainer.fit()
     assert result.error is None
     assert Path(result.path) == tmp_path / "exp"  # Ray 2.60's layout: storage_path/name
-    assert result.metrics["epoch"] == 3 and result.metrics["_training_iteration"] == 4
     df = result.metrics_dataframe
+    assert result.metrics["epoch"] == 3 and df["_training_iteration"].iloc[-1] == 4
+    assert not {"_training_iteration", "training_iteration", "done", "config"} & set(result.metrics)
     assert list(df["epoch"]) == [0, 1, 2, 3]
     # Kept: the two lowest losses (epochs 1 and 2) and the latest (epoch 3), in Ray's order:
     # by score, the worst first (losses 5, 2, 1).

@@ -29,9 +29,6 @@ from sgd import (
 )
 from sgd.backend import Backend  # sgd: was ray.train.backend
 
-METRICS = ("issue 53 (no part): Result.metrics carries AIR 2.x's extra keys (_training_iteration, config, "
-           "_timestamp...); Ray 2.60's is the reported dict only")
-
 
 @pytest.fixture(autouse=True)
 def ray_start_4_cpus(ray_cluster):
@@ -89,7 +86,6 @@ def test_no_optional_arguments():
     DataParallelTrainer(lambda: "not used").fit()
 
 
-@pytest.mark.xfail(reason=METRICS, strict=False)
 def test_train_loop_config():
     def train_fn(config):
         with create_dict_checkpoint({}) as checkpoint:
@@ -100,7 +96,6 @@ def test_train_loop_config():
     assert trainer.fit().metrics == config
 
 
-@pytest.mark.xfail(reason=METRICS, strict=False)
 def test_report_checkpoint_rank0(tmp_path):
     def train_fn():
         rank = sgd.get_context().get_world_rank()
@@ -206,7 +201,6 @@ def test_user_callback(tmp_path):
     assert isinstance(seen["after_exception"][0], ValueError)
 
 
-@pytest.mark.xfail(reason=METRICS, strict=False)
 def test_data_parallel_trainer_local_mode():  # test_local_mode.py's
     def train_fn():
         with create_dict_checkpoint({}) as checkpoint:

@@ -1,5 +1,6 @@
 """Ray Train 1.x behaviours users rely on (issue 18): the detailed-metrics switch read in the
-driver at every round, and Ray Train's result fields in ``Result.metrics``."""
+driver at every round, and Ray Train's result fields in ``Result.metrics_dataframe`` (``Result.metrics``
+is the reported dict only, as Ray 2.60's)."""
 
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def test_detailed_switch_set_in_the_driver_after_start(base_trainer, monkeypatch
     assert all(not set(DETAILED) & set(rnd[0]) for rnd in iterator)
 
 
-def test_result_metrics_carry_ray_train_fields(ray_cluster, tmp_path, monkeypatch):
+def test_result_metrics_dataframe_carries_ray_train_fields(ray_cluster, tmp_path, monkeypatch):
     monkeypatch.delenv("SGD_RESULT_ENABLE_DETAILED_AUTOFILLED_METRICS", raising=False)
     monkeypatch.delenv("TRAIN_RESULT_ENABLE_DETAILED_AUTOFILLED_METRICS", raising=False)
     trainer = DataParallelTrainer(three_reports, train_loop_config={"lr": 0.1},
@@ -57,8 +58,9 @@ def test_result_metrics_carry_ray_train_fields(ray_cluster, tmp_path, monkeypatc
                                   run_config=RunConfig(name="ray_fields", storage_path=str(tmp_path)))
     result = trainer.fit()
     assert result.error is None
-    m = result.metrics
-    assert m["step"] == 2 and m["rank"] == 0
+    assert result.metrics == {"step": 2, "rank": 0}  # what rank 0 reported, as Ray 2.60
+    df = result.metrics_dataframe
+    m = df.iloc[-1].to_dict()
     assert m["training_iteration"] == m["_training_iteration"] == 3
     assert m["timestamp"] == m["_timestamp"]
     assert m["time_this_iter_s"] == m["_time_this_iter_s"]
@@ -69,8 +71,7 @@ def test_result_metrics_carry_ray_train_fields(ray_cluster, tmp_path, monkeypatc
     assert m["config"] == {"lr": 0.1}
     assert m["done"] is True and m["trial_id"] == "ray_fields"
     # The underscore detailed keys stay off unless the switch is on, as for callbacks.
-    assert not set(DETAILED) & set(m)
-    df = result.metrics_dataframe
+    assert not set(DETAILED) & set(df.columns)
     assert list(df["training_iteration"]) == [1, 2, 3]
     assert list(df["done"]) == [False, False, True]
 
@@ -84,4 +85,6 @@ def test_failed_run_is_not_done(ray_cluster, tmp_path):
         DataParallelTrainer(fails, scaling_config=ScalingConfig(num_workers=1),
                             run_config=RunConfig(name="failing", storage_path=str(tmp_path))).fit()
     result = info.value.result
-    assert result.metrics["training_iteration"] == 1 and result.metrics["done"] is False
+    assert result.metrics == {"step": 0}
+    assert list(result.metrics_dataframe["training_iteration"]) == [1]
+    assert list(result.metrics_dataframe["done"]) == [False]

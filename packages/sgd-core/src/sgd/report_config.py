@@ -97,7 +97,8 @@ class ReportedCheckpoint:
 
     :param checkpoint: the checkpoint as committed in the run's storage.
     :param metrics: the report it came with (rank 0's, or the lowest rank's that passed one),
-        with the validation's metrics merged in once it is validated.
+        exactly as reported (sgd's ``_training_iteration``, ``_timestamp``... left out), with the
+        validation's metrics merged in once it is validated.
     :param status: a :class:`ReportedCheckpointStatus`.
     """
 

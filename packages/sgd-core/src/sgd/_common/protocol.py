@@ -63,6 +63,18 @@ LINE_KEY = "_sgd_line"
 
 _WIRE_KEYS = (CHECKPOINT_KEY, DETAIL_KEY, LINE_KEY)
 
+#: Keys sgd adds to every report of a worker (besides what the worker reported): the ones
+#: always handed on, the detailed ones and the wire's.
+AUTOFILLED_KEYS = ("_training_iteration", "_timestamp", "_time_this_iter_s")
+_STAMPED = frozenset((*AUTOFILLED_KEYS, *DETAILED_AUTOFILLED_KEYS, *_WIRE_KEYS))
+
+
+def reported_only(row: Dict[str, Any]) -> Dict[str, Any]:
+    """A copy of ``row`` with only what the worker reported: without :data:`AUTOFILLED_KEYS`,
+    :data:`DETAILED_AUTOFILLED_KEYS` and the wire's keys (what Ray 2.60's ``Result.metrics`` and
+    ``ReportedCheckpoint.metrics`` hold)."""
+    return {k: v for k, v in row.items() if k not in _STAMPED}
+
 #: One item as it travels: ``(kind, data)``, or ``(REPORT, metrics, text)`` for a plain report.
 Item = Tuple[Any, ...]
 

@@ -14,6 +14,7 @@ import threading
 import time
 from typing import Any, List, Optional
 
+from sgd._common.protocol import reported_only
 from sgd.checkpoint import Checkpoint
 from sgd.report_config import CheckpointConsistencyMode, ReportedCheckpoint, ReportedCheckpointStatus
 from sgd.storage.reported import index_in_flight, index_path, read_index
@@ -45,7 +46,7 @@ def read_reported(session: Any, mode: CheckpointConsistencyMode,
             pause.wait(RECHECK_S if deadline is None else max(0.0, min(RECHECK_S, deadline - time.monotonic())))
             entries = read_index(_read(session, index))
     return [ReportedCheckpoint(checkpoint=Checkpoint(path=os.path.join(folder, str(e["name"]))),
-                               metrics=dict(e.get("metrics") or {}),
+                               metrics=reported_only(e.get("metrics") or {}),
                                status=ReportedCheckpointStatus(e.get("status", "COMMITTED")))
             for e in entries]
 

@@ -1,5 +1,6 @@
-"""What ``fit()`` returns: :class:`Result`, read from a run directory, with Ray Train's result
-fields (:data:`RAY_RESULT_FIELDS`) added to each report."""
+"""What ``fit()`` returns: :class:`Result`, read from a run directory: rank 0's reports as it
+made them (``metrics``, the checkpoints'), and each with Ray Train's result fields
+(:data:`RAY_RESULT_FIELDS`) added in ``metrics_dataframe``."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Type, Union
 
-from sgd._common.protocol import detailed_metrics_enabled, strip_detailed
+from sgd._common.protocol import detailed_metrics_enabled, reported_only, strip_detailed
 from sgd._common.public import public_module
 from sgd.checkpoint import Checkpoint
 from sgd.runs import checkpoints, find_run, read_settings, result_rows, run_status
@@ -21,15 +22,18 @@ class Result:
     """What ``fit()`` returns; a failed ``fit()`` raises with one as the exception's ``.result``
     (then ``error`` is set).
 
-    :ivar metrics: the last report of rank 0 (``None`` if there was none), with Ray Train's
-        result fields added: ``training_iteration``, ``time_this_iter_s``, ``time_total_s``,
-        ``timestamp``, ``date``, ``hostname``, ``node_ip``, ``pid`` (of rank 0's process),
-        ``config`` (the run's config), ``done`` (``True`` when the run finished without error)
-        and ``trial_id`` (the Ray Tune trial's id, else the run directory's name).
+    :ivar metrics: the last report of rank 0, exactly the dict it reported (``None`` if there was
+        none), as Ray 2.60's ``Result.metrics``: no field added (``training_iteration``,
+        ``timestamp``, ``done``, ``config``... are in :attr:`metrics_dataframe`; sgd's own
+        ``_training_iteration``, ``_timestamp``... are left out). Unlike Ray 2.60, whose
+        ``metrics`` are those of the last report *with a checkpoint*, this is rank 0's last
+        report even when it carried no checkpoint.
     :ivar checkpoint: the latest persisted checkpoint, or ``None``.
     :ivar best_checkpoints: ``(checkpoint, metrics)`` for every kept checkpoint in Ray's order:
         ascending by the ``CheckpointConfig`` score (the worst first, the best last; NaN or a
-        missing score ranks worst); without a score attribute, by recency (oldest first).
+        missing score ranks worst); without a score attribute, by recency (oldest first). Each
+        ``metrics`` is the dict rank 0 reported with that checkpoint, nothing added (for one
+        saved by ``sgd.save_checkpoint``, the report it went with).
     :ivar error: the exception that ended training, or ``None``. ``fit()`` raises it (a
         :class:`sgd.TrainingFailedError`, whose ``.result`` is this result) rather than returning a
         failed result.
@@ -51,7 +55,15 @@ class Result:
 
     @property
     def metrics_dataframe(self) -> Any:
-        """One row per report of rank 0, as a ``pandas.DataFrame`` (needs pandas)."""
+        """One row per report of rank 0, as a ``pandas.DataFrame`` (needs pandas): what it
+        reported, sgd's ``_training_iteration``, ``_timestamp``, ``_time_this_iter_s`` and Ray
+        Train's result fields: ``training_iteration``, ``time_this_iter_s``, ``time_total_s``,
+        ``timestamp``, ``date``, ``hostname``, ``node_ip``, ``pid`` (of rank 0's process; the
+        underscore ``_date``... only with ``SGD_RESULT_ENABLE_DETAILED_AUTOFILLED_METRICS=1``),
+        ``done`` (``True`` in the last row when the run finished without error), ``trial_id``
+        (the Ray Tune trial's id, else the run folder's name), and ``config`` (the run's config)
+        in the last row. AIR's ``result.metrics["training_iteration"]`` is
+        ``result.metrics_dataframe["training_iteration"].iloc[-1]``."""
         try:
             import pandas as pd
         except ImportError as exc:
@@ -60,9 +72,11 @@ class Result:
 
     @property
     def config(self) -> Optional[Dict[str, Any]]:
-        """The run's ``train_loop_config`` (``metrics["config"]``), as Ray AIR's ``Result.config``;
-        ``None`` without metrics. (Ray 2.60 deprecated it.)"""
-        return self.metrics.get("config") if self.metrics else None
+        """The run's ``train_loop_config`` (the last row of :attr:`metrics_dataframe`'s
+        ``config``; for a ``Result`` made by hand, ``metrics["config"]``), as Ray AIR's
+        ``Result.config``; ``None`` without a report. (Ray 2.60 deprecated it.)"""
+        source = self._rows[-1] if self._rows else self.metrics or {}
+        return source.get("config")
 
     @property
     def filesystem(self) -> Any:
@@ -118,13 +132,15 @@ class Result:
         run = find_run(local_path(path, storage_filesystem))
 
         rows = [r[0] for r in result_rows(run)]
+        reported = [reported_only(r) for r in rows]  # before Ray's fields go into the rows
+        by_iteration = {r.get("_training_iteration"): m for r, m in zip(rows, reported)}
         _add_ray_fields(run, rows, finished=error is None)
-        by_iteration = {r.get("_training_iteration"): r for r in rows}
         kept = []
         found = checkpoints(run)
         for c in found:
             # sgd.save_checkpoint stores no metrics: the report it followed stands in.
-            metrics = c["metrics"] if c["metrics"] is not None else by_iteration.get(c["iteration"], {})
+            metrics = (reported_only(c["metrics"]) if isinstance(c["metrics"], dict)
+                       else dict(by_iteration.get(c["iteration"], {})))
             kept.append((checkpoint_cls.from_directory(c["path"]), metrics))
         latest = kept[-1][0] if kept else None
         # Ray's order: ascending by score (worst first, the best last; by recency: oldest first).
@@ -132,7 +148,7 @@ class Result:
             fk[0]["score"] if isinstance(fk[0]["score"], (int, float)) else -math.inf,
             fk[0]["id"] if isinstance(fk[0]["id"], int) else -1))
         return cls(
-            metrics=rows[-1] if rows else None,
+            metrics=reported[-1] if reported else None,
             checkpoint=latest,
             error=error,
             path=str(run),
@@ -196,7 +212,8 @@ RAY_RESULT_FIELDS = {
 
 
 def _add_ray_fields(run: Path, rows: List[Dict[str, Any]], finished: bool) -> None:
-    """Give each of rank 0's rows Ray Train's result fields (see :attr:`Result.metrics`), in place."""
+    """Give each of rank 0's rows Ray Train's result fields (see :attr:`Result.metrics_dataframe`),
+    in place."""
 
     try:
         settings = read_settings(run)
