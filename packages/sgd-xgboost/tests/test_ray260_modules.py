@@ -69,7 +69,10 @@ def _xgboost_loop(config):
 
 
 def _kept_iterations(result):
-    return [m.get("training_iteration", m.get("_training_iteration")) for _, m in result.best_checkpoints]
+    """The report each kept checkpoint went with: a checkpoint's metrics are the reported dict only
+    (Ray 2.60's), the run's checkpoint index has the iteration."""
+    iteration = {c["name"]: c["iteration"] for c in sgd.runs.checkpoints(result.path)}
+    return [iteration[os.path.basename(c.path)] for c, _ in result.best_checkpoints]
 
 
 def test_xgboost_callback_checkpoints_every_frequency_rounds_and_at_the_end(ray_cluster, cancer):
