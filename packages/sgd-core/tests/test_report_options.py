@@ -61,7 +61,7 @@ def test_named_checkpoints_and_all_reported_checkpoints(ray_cluster, tmp_path):
         sgd.report({"epoch": 2}, checkpoint=Checkpoint.from_dict({"epoch": 2}))  # sgd's numbered name
         reported = sgd.get_all_reported_checkpoints(consistency_mode="COMMITTED")
         assert [Path(r.checkpoint.path).name for r in reported] == ["epoch_0", "epoch_1", "checkpoint_000003"], reported
-        assert [r.metrics["epoch"] for r in reported] == [0, 1, 2]
+        assert [r.metrics for r in reported] == [{"epoch": 0}, {"epoch": 1}, {"epoch": 2}]  # as reported (Ray 2.60)
         assert {r.status for r in reported} == {sgd.ReportedCheckpointStatus.COMMITTED}
         if rank == 0:  # every rank's files are merged into the one folder
             assert sorted(os.listdir(reported[0].checkpoint.path)) == [".sgd_checkpoint.json", "r0", "r1"]
@@ -73,7 +73,8 @@ def test_named_checkpoints_and_all_reported_checkpoints(ray_cluster, tmp_path):
     assert Path(result.checkpoint.path).name == "checkpoint_000003"
     assert sorted(p.name for p in _checkpoints(result).iterdir() if not p.name.startswith(".")) == [
         "checkpoint_000003", "epoch_0", "epoch_1"]
-    assert [m["epoch"] for _, m in result.best_checkpoints] == [0, 1, 2]
+    assert [m for _, m in result.best_checkpoints] == [{"epoch": 0}, {"epoch": 1}, {"epoch": 2}]
+    assert result.metrics == {"epoch": 2}
 
 
 def test_a_checkpoint_dir_name_used_twice_fails_the_run_saying_so(ray_cluster, tmp_path):
