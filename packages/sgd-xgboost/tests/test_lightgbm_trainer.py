@@ -76,7 +76,10 @@ def test_ray_260_shape_with_network_params(ray_cluster, digits, parquet_parts):
     assert result.error is None, result.error
     first = seen.rounds[0]
     assert [r["machines"] for r in first] == [2, 2]
-    assert sum(r["rows"] for r in first) == len(digits) and all(r["rows"] > 0 for r in first)
+    # Ray 2.60's DataConfig (the default) cuts equal parts: up to num_workers - 1 rows (here 1) are
+    # left out, as Ray's streaming_split(equal=True) leaves them.
+    assert len(digits) - 1 <= sum(r["rows"] for r in first) <= len(digits) and all(r["rows"] > 0 for r in first)
+    assert first[0]["rows"] == first[1]["rows"]
     assert len(seen.rounds) == 8  # the end checkpoint goes with round 8's report
     # A checkpoint's metrics are the reported dict only (Ray 2.60's): the run's index has its iteration.
     iteration = {c["name"]: c["iteration"] for c in sgd.runs.checkpoints(result.path)}
