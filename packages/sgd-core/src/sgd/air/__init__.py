@@ -14,6 +14,7 @@ Re-exports only; the code is in the submodules, one concept each:
 - ``config_fields``: Ray Train 2.60's :class:`LoggingConfig` and checks of the newer fields;
 - ``result``: :class:`Result` and Ray Train's result fields;
 - ``data_parallel``: :class:`DataParallelTrainer` (``fit``, ``restore``, Ray Tune);
+- ``loop_run``: the trainer's datasets and its loop's start, and the trainer as a Ray Tune trainable (its mixins);
 - ``tune_callbacks``: Ray Tune callbacks of ``RunConfig(callbacks=...)`` and :class:`TrialView`;
 - ``callback``: Ray Train 2.x's :class:`UserCallback` of ``RunConfig(callbacks=...)`` and its
   :class:`TrainRunContext`;

@@ -4,47 +4,37 @@ keep the best K, mirror it to a storage URI.
 Workers write every checkpoint into a temporary folder of the run's checkpoint folder
 (:mod:`sgd.storage.staging`) and send its path; :meth:`CheckpointManager.register` is the one
 entry point that takes it, whatever it holds.
+
+Reading kept checkpoints back (what a run resumes from) is :mod:`sgd.storage.restoring`; the
+record of a kept checkpoint and its metadata file, :mod:`sgd.storage.kept`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import os
 import shutil
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from sgd import plugins
-from sgd._common.json_values import finite, json_default
-from sgd.checkpoint.encoded import EncodedState
-from sgd.checkpoint.format import (
-    METADATA_FILE,
-    Checkpoint,
-    CheckpointIntegrityError,
-    CheckpointStrategy,
-    write_files,
-)
-from sgd.checkpoint.integrity import checkpoint_dirs, checkpoint_files, complete_digests, is_disk_full
+from sgd.checkpoint.format import Checkpoint, CheckpointStrategy, write_files
+from sgd.checkpoint.integrity import checkpoint_files, is_disk_full
 from sgd.checkpoint.preprocessor import PREPROCESSOR_FILE
 from sgd.checkpoint.storage import storage_for
-from sgd.redact import redact
+from sgd.storage.kept import _format, _Kept, _recorded_files, _update_metadata
+from sgd.storage.kept import checkpoint_dir_name as checkpoint_dir_name
+from sgd.storage.kept import json_safe as json_safe
 from sgd.storage.reported import check_name, write_index
+from sgd.storage.restoring import _Restoring
 from sgd.storage.staging import TMP_PREFIX
-from sgd.storage.validations import Validations, no_validation_config_error, spec_from_json, spec_to_json
+from sgd.storage.validations import Validations, no_validation_config_error, spec_to_json
 
 logger = logging.getLogger("sgd")
-
-_PREFIX = "checkpoint_"
-
-
-def checkpoint_dir_name(checkpoint_id: int) -> str:
-    return f"{_PREFIX}{checkpoint_id:06d}"
 
 
 def _fsync_dir(path: Path) -> None:
@@ -54,24 +44,7 @@ def _fsync_dir(path: Path) -> None:
     finally:
         os.close(fd)
 
-
-@dataclass
-class _Kept:
-    checkpoint_id: int
-    score: float
-    path: Path
-    iteration: int = 0
-    #: The file digests this driver recorded when it wrote the checkpoint (``None``: found on disk).
-    files: Optional[Dict[str, Any]] = None
-    #: The report it came with (JSON values), and its ``ReportedCheckpointStatus`` name
-    #: (what ``sgd.get_all_reported_checkpoints`` reads, from :mod:`sgd.storage.reported`'s index).
-    metrics: Optional[Dict[str, Any]] = None
-    status: str = "COMMITTED"
-    #: the report's ``validation=`` while its validation is pending (``False``: none asked for)
-    spec: Any = False
-
-
-class CheckpointManager:
+class CheckpointManager(_Restoring):
     """Registers the checkpoints a run's workers write into its checkpoint folder and keeps them.
 
     :param checkpoint_dir: ``run_dir/checkpoints``.
@@ -312,52 +285,6 @@ class CheckpointManager:
             raise score_error
         return path
 
-    def latest(self) -> Optional[Dict[str, Any]]:
-        """The latest checkpoint's state (read back from disk if rank 0 wrote it directly).
-
-        A kept checkpoint that no longer verifies is skipped with a warning, and the newest
-        one that does is used (:attr:`latest_iteration` then follows it).
-        """
-        return self._latest(decode=True)
-
-    def _latest(self, decode: bool) -> Any:
-        if self.latest_state is None and self.latest_id and self._kept:
-            newest = max(self._kept, key=lambda c: c.checkpoint_id)
-            if newest.checkpoint_id == self.latest_id:
-                self._load_newest_verified(decode=decode)
-        if decode and isinstance(self.latest_state, EncodedState):
-            self.latest_state = self.latest_state.decode(self.hook)
-        return self.latest_state
-
-    def restorable(self, decode: bool = True) -> Any:
-        """What a restart resumes from: :meth:`latest`, unless it is filed under a report not
-        yet delivered (saved before that report, which the failure cut off); then the newest
-        kept one filed under a delivered report, whose steps after it are redone and reported.
-        :attr:`latest_state` and :attr:`latest_iteration` follow it.
-
-        :param decode: ``False``: a dict checkpoint read from disk comes verified but encoded
-            (:class:`~sgd.checkpoint.encoded.EncodedState`), for the workers to decode: the
-            driver does not import the framework its codec needs (a restart sends it on).
-        """
-        done = self.delivered_iteration
-        if done is None or self.latest_iteration <= done:
-            return self._latest(decode)
-        candidates = [c for c in self._kept if c.iteration <= done]
-        if not candidates:  # none kept on disk (num_to_keep=0): its progress beats a redone report
-            logger.warning("the newest checkpoint goes with report %d, which the failure cut off, and no earlier "
-                           "one is kept: resuming from it; that report is not delivered", self.latest_iteration)
-            return self._latest(decode)
-        logger.info("the newest checkpoint goes with report %d, which the failure cut off; resuming from the one "
-                    "before it and redoing the steps after that", self.latest_iteration)
-        self.latest_state, self.latest_iteration = None, 0
-        self._load_newest_verified(candidates, decode)
-        return self._latest(decode)
-
-    def _newest_restorable(self) -> Optional[_Kept]:
-        done = self.delivered_iteration
-        candidates = [c for c in self._kept if done is None or c.iteration <= done]
-        return max(candidates, key=lambda c: c.checkpoint_id, default=None)
-
     def delivered(self, iteration: int) -> None:
         """Report ``iteration`` was delivered; a checkpoint filed under it is now restorable
         (and the one it replaces may leave the retention)."""
@@ -365,34 +292,6 @@ class CheckpointManager:
         self.delivered_iteration = iteration
         if waiting and iteration >= self.latest_iteration:
             self._prune()
-
-    def checkpoint_for(self, iteration: int) -> Optional[Path]:
-        """The kept checkpoint filed under report ``iteration`` (the newest, if several), or ``None``."""
-        found = [c for c in self._kept if c.iteration == iteration]
-        return max(found, key=lambda c: c.checkpoint_id).path if found else None
-
-    def _load_newest_verified(self, among: Optional[List[_Kept]] = None, decode: bool = True) -> None:
-        """Read the newest kept checkpoint (of ``among``) that verifies into :attr:`latest_state`:
-        decoded, or left encoded (``decode=False``)."""
-        for kept in sorted(self._kept if among is None else among, key=lambda c: c.checkpoint_id, reverse=True):
-            # What this driver wrote in this run is trusted as long as its files are
-            # still the ones it recorded; checkpoints found on disk follow the caller's switch.
-            ours = kept.files is not None and _recorded_files(kept.path) == kept.files
-            try:
-                with plugins.using(self.hook):
-                    checkpoint = Checkpoint.from_directory(kept.path, trusted=True if ours else None)
-                    state = checkpoint.to_dict() if decode else checkpoint.to_encoded()
-            except (CheckpointIntegrityError, FileNotFoundError) as exc:
-                logger.warning("skipping checkpoint %s, which does not verify: %s", kept.path, exc)
-                continue
-            self.latest_state = state
-            if kept.checkpoint_id != self.latest_id:
-                self.latest_iteration = kept.iteration
-            return
-        raise CheckpointIntegrityError(
-            f"none of the checkpoints kept in {self.checkpoint_dir} verifies, so there is nothing to resume from; "
-            "see the warnings above for each one.")
-
     def _write(self, checkpoint_id: int, tmp: Path, score: float, iteration: int,
                metrics: Optional[Dict[str, Any]] = None, name: Optional[str] = None) -> Path:
         """Finish the folder ``tmp`` the workers wrote: its metadata (number, score, report, the
@@ -466,75 +365,3 @@ class CheckpointManager:
         returns, the copy is complete)."""
         if self.mirror:
             self._mirror_storage().upload_dir(str(path), self.mirror_uri(path.name))
-
-    # --- reading ----------------------------------------------------------------
-
-    def _scan(self) -> List[_Kept]:
-        kept = []
-        for _, p in checkpoint_dirs(self.checkpoint_dir):  # numbered and named ones
-            try:
-                meta = json.loads((p / METADATA_FILE).read_text())
-            except (OSError, ValueError):
-                continue
-            try:
-                score = meta.get("score")
-                metrics = meta.get("metrics")
-                kept.append(_Kept(int(meta["id"]), -math.inf if score is None else float(score), p,
-                                  int(meta.get("iteration") or 0), None,
-                                  metrics if isinstance(metrics, dict) else None, _status(meta),
-                                  spec_from_json(meta.get("validation_spec"))))
-            except (TypeError, ValueError, KeyError):
-                continue  # metadata altered: never ranked, never loaded
-        return kept
-
-    @property
-    def best_path(self) -> Optional[Path]:
-        if not self._kept:
-            return None
-        return max(self._kept, key=lambda c: (c.score, c.checkpoint_id)).path
-
-    @property
-    def kept_ids(self) -> List[int]:
-        return sorted(c.checkpoint_id for c in self._kept)
-
-
-def json_safe(value: Any) -> Any:
-    """``value`` as JSON can hold it (secrets dropped, like results.jsonl)."""
-
-    return json.loads(json.dumps(finite(redact(value)), default=json_default))
-
-
-def _recorded_files(path: Path) -> Optional[Dict[str, Any]]:
-    try:
-        files = json.loads((path / METADATA_FILE).read_text()).get("files")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return files if isinstance(files, dict) else None
-
-
-def _update_metadata(directory: Path, extra: Dict[str, Any]) -> None:
-    """Add ``extra`` to the metadata of a checkpoint written elsewhere, and digests for
-    files merged into it since (other ranks' shards)."""
-    meta_file = directory / METADATA_FILE
-    meta = json.loads(meta_file.read_text())
-    meta.update(extra)
-    complete_digests(directory, meta)
-    with open(meta_file, "w") as f:
-        json.dump(meta, f)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _status(meta: Dict[str, Any]) -> str:
-    """A checkpoint's validation status as its metadata records it (``COMMITTED`` if none)."""
-    status = meta.get("validation_status")
-    return status if isinstance(status, str) else "COMMITTED"
-
-
-def _format(directory: Path) -> Optional[str]:
-    """The ``format`` its workers gave a checkpoint folder (``dict``, ``directory``, ``sharded``)."""
-    try:
-        meta = json.loads((directory / METADATA_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return meta.get("format") if isinstance(meta, dict) else None
