@@ -249,8 +249,9 @@ def _sendable(exc: BaseException) -> BaseException:
 def _reduce_failed(exc: TrainingFailedError, args: Tuple[Any, ...], state: Dict[str, Any]) -> Tuple[Any, ...]:
     """How :class:`WorkerGroupError` / :class:`ControllerError` pickle: by their plain class
     and, for one made by :func:`also_instance_of`, the failure's class it is also one of."""
-    plain = next(k for k in type(exc).__mro__ if k in (WorkerGroupError, ControllerError))
-    extra = next((k for k in type(exc).__bases__ if k is not plain), None)
+    made = type(exc) in _BOTH.values()  # (plain, the failure's class), made by _both
+    plain = type(exc).__bases__[0] if made else type(exc)
+    extra = type(exc).__bases__[1] if made else None
     if extra is not None:
         try:
             pickle.dumps(extra)

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
+from sgd.errors import PicklableError
+
 #: Ray module → sgd module, longest first (issue 53's map).
 IMPORT_MAP: Tuple[Tuple[str, str], ...] = (
     ("ray.train.huggingface.transformers", "sgd_torch.huggingface.transformers"),
@@ -39,11 +41,8 @@ _IMPORT_SUBMODULE = re.compile(r"^(\s*)import (sgd_\w+(?:\.\w+)*|sgd\.\w+(?:\.\w
 _FROM_RAY_IMPORT_TRAIN = re.compile(r"^(\s*)from ray import train\s*$", re.MULTILINE)
 
 
-class EditNotFound(LookupError):
+class EditNotFound(PicklableError, LookupError):
     """An :class:`Edit`'s text is not in the example: the installed Ray's example changed."""
-
-    def __reduce__(self):  # pragma: no cover - trivial
-        return (type(self), self.args)
 
 
 @dataclass(frozen=True)
