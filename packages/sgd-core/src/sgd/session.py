@@ -13,6 +13,7 @@ from __future__ import annotations
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Union
 
+from sgd._worker.reported import read_reported
 from sgd._worker.session import STATE, PreemptionInfo, Session, WorkerContext
 from sgd._worker.uploads import ReportOptions, check_dir_name, validation_spec
 from sgd.checkpoint import SHARDED_KEY, Checkpoint, is_sharded
@@ -187,7 +188,6 @@ def get_all_reported_checkpoints(consistency_mode: Any = CheckpointConsistencyMo
                                   or timeout_s < 0):
         raise ValueError(f"get_all_reported_checkpoints(timeout_s=...) must be None or seconds >= 0, got {timeout_s!r}")
     session = _session("get_all_reported_checkpoints")
-    from sgd._worker.reported import read_reported
 
     return read_reported(session, mode, timeout_s)
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from sgd._common.public import public_module
-from sgd.checkpoint.storage import is_uri
+from sgd.checkpoint.storage import filesystem_uri, is_uri
 
 #: Ray's resource that every node with an accelerator of type ``T`` has: ``accelerator_type:T``.
 ACCELERATOR_RESOURCE_PREFIX = "accelerator_type:"
@@ -80,7 +80,6 @@ def storage_location(storage_path: Optional[str], storage_filesystem: Any) -> Op
         return storage_path
     import pyarrow.fs as pafs
 
-    from sgd.checkpoint.storage import filesystem_uri
 
     if isinstance(storage_filesystem, pafs.LocalFileSystem):
         return storage_path

@@ -29,6 +29,7 @@ from sgd.errors import (
     also_instance_of,
 )
 from sgd.run.policies import describe_failure, worker_rank
+from sgd.session import world_rank
 from sgd.utils import wrap_train_func
 
 logger = logging.getLogger("sgd")
@@ -45,7 +46,6 @@ class ReturnValue:
         self.loop = loop
 
     def __call__(self, config: Dict[str, Any]) -> Any:
-        from sgd.session import world_rank
 
         value = wrap_train_func(self.loop, config)()
         if value is None or world_rank() != 0:

@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Dict
 
+from sgd.checkpoint.storage import filesystem_of, is_uri, storage_for
 from sgd.errors import CheckpointError
 
 #: The file a checkpoint's user metadata is kept in (Ray's name).
@@ -84,7 +85,6 @@ def write_local(directory: Path, metadata: Dict[str, Any]) -> None:
 
 def _remote(uri: str) -> Any:
     """``(pyarrow filesystem, path of the metadata file)`` for a checkpoint at a storage URI."""
-    from sgd.checkpoint.storage import storage_for
 
     storage = storage_for(uri)
     fs = getattr(storage, "fs", None)
@@ -132,7 +132,6 @@ class UserMetadata:
         """
         if self._path is None:
             return dict(self._user_metadata or {})
-        from sgd.checkpoint.storage import is_uri
 
         if is_uri(self._path):
             return read_remote(self._path)
@@ -151,7 +150,6 @@ class UserMetadata:
         if self._path is None:
             self._user_metadata = dict(metadata)
             return
-        from sgd.checkpoint.storage import is_uri
 
         if is_uri(self._path):
             write_remote(self._path, metadata)
@@ -172,6 +170,5 @@ class UserMetadata:
         filesystem for a URI; ``None`` for a dict checkpoint."""
         if self._path is None:
             return None
-        from sgd.checkpoint.storage import filesystem_of
 
         return filesystem_of(self._path)

@@ -25,6 +25,7 @@ from typing import IO, Any, Dict, Optional, Tuple
 from sgd.checkpoint import newest_loadable
 from sgd.checkpoint.integrity import checkpoint_dirs
 from sgd.redact import redact
+from sgd.storage.errors import RunNotFoundError
 from sgd.storage.lock import RunLock
 from sgd.storage.reading import (
     RESULTS_FILE,
@@ -74,7 +75,6 @@ class RunDirectory:
         :raises sgd.RunNotFoundError: ``path`` holds no run that can be continued.
         :raises sgd.RunFormatError: it was written by a newer sgd.
         """
-        from sgd.storage.errors import RunNotFoundError
 
         path = Path(path).expanduser().resolve()
         if not (path / SETTINGS_FILE).exists():

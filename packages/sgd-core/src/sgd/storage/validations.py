@@ -19,6 +19,9 @@ import time
 from collections import deque
 from typing import Any, Deque, Dict, Optional, Tuple
 
+from sgd.checkpoint import Checkpoint
+from sgd.report_config import ValidationTaskConfig
+
 logger = logging.getLogger("sgd")
 
 #: How long the background thread waits on a validation task at a time (the timeout's resolution).
@@ -27,7 +30,6 @@ WAIT_SLICE_S = 0.5
 
 def _run_validation(fn: Any, kwargs: Dict[str, Any], path: str) -> Dict[str, Any]:
     """The Ray task: the user's function on the committed checkpoint; its metrics (a dict)."""
-    from sgd.checkpoint import Checkpoint
 
     metrics = fn(Checkpoint.from_directory(path), **kwargs)
     if not isinstance(metrics, dict):
@@ -130,7 +132,6 @@ def spec_to_json(spec: Any) -> Any:
 def spec_from_json(value: Any) -> Any:
     """:func:`spec_to_json` read back (``True`` for anything it cannot read)."""
     if isinstance(value, dict):
-        from sgd.report_config import ValidationTaskConfig
 
         try:
             return ValidationTaskConfig(dict(value.get("fn_kwargs") or {}), value.get("timeout_s"))
