@@ -118,7 +118,7 @@ def test_a_hang_names_the_straggler_logs_every_stack_and_the_restart_recovers(ra
     assert "no worker sent a report, a checkpoint or its end for 5 s" in logged
     assert "Not where the others are: rank 1 (1 of 2 ranks sent fewer reports" in logged
     assert "in _stuck_forever" in logged and "=== rank 0 (pid" in logged  # every worker's stack
-    assert "restarting the workers (failure 1 of 1)" in logged
+    assert "restarting the workers from the latest checkpoint (failure 1 of 1)" in logged
     assert rounds == [1, 2]  # the restart redid step 1, reported once
 
 

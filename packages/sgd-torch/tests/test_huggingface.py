@@ -173,7 +173,8 @@ def test_transformers_trainer_own_dataset_checkpoint_and_resume(ray_cluster, tmp
         return TransformersTrainer(init_with_own_dataset,
                                    trainer_init_config={"output_dir": str(tmp_path / output), "epochs": epochs},
                                    scaling_config=ScalingConfig(num_workers=2),
-                                   run_config=run_config(tmp_path, "own"), resume_from_checkpoint=resume)
+                                   # a run of its own each: the same name would resume the first run (Ray 2.60)
+                                   run_config=run_config(tmp_path, f"own-{output}"), resume_from_checkpoint=resume)
 
     first = fit_quietly(make(1, "hf1"))
     # HF sharded the 48 rows over sgd's 2 processes: 24 per rank, 6 steps of 4 (not 12).
