@@ -49,10 +49,11 @@ def _wanted(rank: int, relative: str) -> bool:
     return match is not None and int(match.group(1)) == rank
 
 
-def _stage(source: str, rank: int, parent: str) -> Optional[str]:
-    """A folder with the files of ``source`` this rank sends (hard links where possible);
-    ``None`` if there are none."""
-    staging = tempfile.mkdtemp(prefix=f".sgd-report-{rank}-", dir=parent)
+def _stage_checkpoint(source: str, rank: int, target: str) -> int:
+    """Link (or copy) the files of HF's checkpoint folder ``source`` that ``rank`` sends into
+    ``target``; how many. Rank 0 sends the checkpoint but the other ranks' RNG states, each
+    other rank its own RNG state (it may not be written yet when rank 0 reports, or live on
+    another node); sgd merges the ranks' folders into one checkpoint."""
     count = 0
     for root, _dirs, files in os.walk(source):
         for name in files:
@@ -60,14 +61,21 @@ def _stage(source: str, rank: int, parent: str) -> Optional[str]:
             relative = os.path.relpath(src, source)
             if not _wanted(rank, relative):
                 continue
-            dst = os.path.join(staging, relative)
+            dst = os.path.join(target, relative)
             os.makedirs(os.path.dirname(dst), exist_ok=True)
             try:
                 os.link(src, dst)
             except OSError:  # another filesystem, or no hard links there
                 shutil.copy2(src, dst)
             count += 1
-    if count == 0:
+    return count
+
+
+def _stage(source: str, rank: int, parent: str) -> Optional[str]:
+    """A folder with the files of ``source`` this rank sends (hard links where possible);
+    ``None`` if there are none."""
+    staging = tempfile.mkdtemp(prefix=f".sgd-report-{rank}-", dir=parent)
+    if _stage_checkpoint(source, rank, staging) == 0:
         shutil.rmtree(staging, ignore_errors=True)
         return None
     return staging

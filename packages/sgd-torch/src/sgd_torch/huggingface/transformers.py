@@ -43,30 +43,6 @@ def _require_transformers() -> None:
                           f"{INSTALL_HINT}") from _IMPORT_ERROR
 
 
-def _stage_checkpoint(source: str, rank: int, target: str) -> int:
-    """Link (or copy) the files of HF's checkpoint folder ``source`` that ``rank`` sends into
-    ``target``; how many. Rank 0 sends the checkpoint but the other ranks' RNG states, each
-    other rank its own RNG state (it may not be written yet when rank 0 reports, or live on
-    another node); sgd merges the ranks' folders into one checkpoint."""
-    from sgd_torch.huggingface.callback import _wanted
-
-    count = 0
-    for root, _dirs, files in os.walk(source):
-        for name in files:
-            src = os.path.join(root, name)
-            relative = os.path.relpath(src, source)
-            if not _wanted(rank, relative):
-                continue
-            dst = os.path.join(target, relative)
-            os.makedirs(os.path.dirname(dst), exist_ok=True)
-            try:
-                os.link(src, dst)
-            except OSError:  # another filesystem, or no hard links there
-                shutil.copy2(src, dst)
-            count += 1
-    return count
-
-
 class RayTrainReportCallback(TrainerCallback):  # type: ignore[misc,valid-type]
     """Ray Train's ``transformers.TrainerCallback``: every time the Trainer saves a checkpoint
     (``on_save``), one :func:`sgd.report` with the latest value of every key logged so far
@@ -103,6 +79,9 @@ class RayTrainReportCallback(TrainerCallback):  # type: ignore[misc,valid-type]
         try:
             sent = 0
             if source is not None:
+                # sgd's own HF callback stages the same files (it imports transformers, so here late)
+                from sgd_torch.huggingface.callback import _stage_checkpoint
+
                 sent = _stage_checkpoint(source, args.process_index, os.path.join(staging, self.CHECKPOINT_NAME))
             sgd.report(metrics, checkpoint=sgd.Checkpoint.from_directory(staging) if sent else None)
         finally:  # sgd has taken the files when report returns
