@@ -164,8 +164,10 @@ def unit(session: nox.Session) -> None:
     """The fast tier, in seconds: the run controller stepped through every state and policy
     decision over sgd_testing's FakeGroup, the policies, the wire protocol; no Ray cluster, no
     subprocess, no torch. ``nox -s tests`` runs these too."""
+    # pyarrow/fsspec/pandas/requests: the storage tests take a pyarrow.fs filesystem as input, and
+    # the Ray 2.60 tests compare with ray.train's names (ray.train refuses to import without them and pydantic).
     session.install(*CONSTRAINTS, "-e", "packages/sgd-core", "-e", "packages/sgd-testing", "pytest>=8",
-                    "pytest-timeout", "hypothesis")
+                    "pytest-timeout", "hypothesis", "pyarrow", "fsspec", "pandas", "requests", "pydantic")
     session.run("pytest", *(session.posargs or UNIT_TESTS), env={"PYTHONUNBUFFERED": "1"})
 
 
