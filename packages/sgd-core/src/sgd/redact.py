@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from itertools import chain
 from typing import Any, List
 
-__all__ = ["SECRET_KEY", "is_secret_key", "redact"]
+__all__ = ["SECRET_KEY", "is_secret_key", "redact", "redact_text"]
 
 #: Keys that look like secrets: matched case-insensitively anywhere in a key.
 SECRET_KEY = re.compile(r"api[_-]?key|token|password|secret", re.IGNORECASE)
@@ -78,3 +78,19 @@ def redact(value: Any) -> Any:
     if isinstance(value, Mapping):
         return {k: redact(v) for k, v in value.items() if not is_secret_key(k)}
     return value
+
+
+#: ``name=value``, ``name: value``, ``"name": "value"`` where the name looks like a secret (the
+#: value up to the next space, comma, quote or bracket).
+_SECRET_ASSIGNMENT = re.compile(
+    r"""(?P<name>[\w.-]*(?:api[_-]?key|token|password|secret)[\w.-]*)(?P<sep>["']?\s*[:=]\s*["']?)"""
+    r"""(?P<value>[^\s"',)}\]]+)""", re.IGNORECASE)
+_BEARER = re.compile(r"(?P<name>\bBearer\s+)(?P<value>[A-Za-z0-9._~+/=-]+)")
+
+
+def redact_text(text: str) -> str:
+    """``text`` (an error message, a traceback, a log line) with the value of every
+    ``name=value`` / ``name: value`` whose name looks like a secret (the rule of
+    :data:`SECRET_KEY`), and every ``Bearer`` token, replaced by ``***``."""
+    text = _SECRET_ASSIGNMENT.sub(lambda m: f"{m['name']}{m['sep']}***", text)
+    return _BEARER.sub(lambda m: f"{m['name']}***", text)

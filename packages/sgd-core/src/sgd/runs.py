@@ -26,8 +26,13 @@ from sgd.storage.reading import (
     run_status,
     run_summary,
 )
+from sgd.storage.events import EVENT_KINDS, EVENTS_FILE, EVENTS_FORMAT_VERSION, EventsRead, read_events
 
 __all__ = [
+    "EVENTS_FILE",
+    "EVENTS_FORMAT_VERSION",
+    "EVENT_KINDS",
+    "EventsRead",
     "MAX_DEPTH",
     "RESULTS_FILE",
     "RUN_FORMAT_VERSION",
@@ -43,6 +48,7 @@ __all__ = [
     "is_run_dir",
     "last_iteration",
     "last_results",
+    "read_events",
     "read_settings",
     "resolve_run_dir",
     "result_rows",
