@@ -1,0 +1,208 @@
+"""The server's index of the runs below its folder: each run found by :func:`sgd.runs.find_runs`
+(Tune trials included), given an id of the server's own (a hash of its path relative to the
+folder: stable across restarts, and never a path the browser could alter), and summed up for the
+runs table. A run's summary is kept until one of its files changes size or mtime, so listing a
+thousand runs again costs a walk of the folder and a ``stat`` per file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from sgd import runs
+from sgd_dashboard.files import OutsideRoot, Root, read_json, stat_key, tail_lines
+from sgd_dashboard.rounds import OWN_FIELDS, flat, is_numeric, number, parse_round, sample_lines
+
+#: Points of a run's sparkline.
+SPARK_POINTS = 64
+#: Metrics preferred as a run's headline, in order; else its first numeric metric.
+HEADLINE = ("loss", "train_loss", "val_loss", "eval_loss", "accuracy", "acc")
+SORTS = {"started", "name", "status", "duration", "iterations"}
+
+
+@dataclass
+class RunEntry:
+    """What the runs table shows of one run (and where it is, which never leaves the server)."""
+
+    id: str
+    path: Path
+    name: str
+    status: str = "UNKNOWN"
+    started: Optional[float] = None
+    ended: Optional[float] = None
+    num_workers: Optional[int] = None
+    iterations: int = 0
+    metric: Optional[Dict[str, Any]] = None
+    trial: bool = False
+    problems: List[str] = field(default_factory=list)
+    signature: Tuple[Any, ...] = ()
+
+    def row(self, now: float) -> Dict[str, Any]:
+        """The JSON row of ``/api/runs``."""
+        end = self.ended if self.ended is not None else now
+        duration = None if self.started is None else max(0.0, end - self.started)
+        return {"id": self.id, "name": self.name, "status": self.status, "started": self.started,
+                "ended": self.ended, "duration_s": duration, "num_workers": self.num_workers,
+                "iterations": self.iterations, "metric": self.metric, "trial": self.trial}
+
+
+def run_id(relative: str) -> str:
+    """The id of the run at ``relative`` (its path below the served folder)."""
+    return hashlib.sha256(relative.encode("utf-8", "surrogateescape")).hexdigest()[:12]
+
+
+def _signature(path: Path) -> Tuple[Any, ...]:
+    return tuple(stat_key(path / name) for name in (runs.SETTINGS_FILE, runs.STATUS_FILE, runs.RESULTS_FILE))
+
+
+def headline_metric(result: Dict[str, Any]) -> Optional[str]:
+    """The metric a run is summed up by: the first of :data:`HEADLINE` it reports, else its first
+    numeric metric (``None``: it reports none)."""
+    numeric = [k for k, v in flat(result) if k not in OWN_FIELDS and is_numeric(v)]
+    for name in HEADLINE:
+        if name in numeric:
+            return name
+    return numeric[0] if numeric else None
+
+
+def workers_of(settings: Any, last: Optional[List[Dict[str, Any]]]) -> Optional[int]:
+    """The number of workers: as many as reported the last round, else the setting (its maximum
+    for an elastic ``(min, max)``)."""
+    if last:
+        return len(last)
+    value = settings.get("num_workers") if isinstance(settings, dict) else None
+    if isinstance(value, list) and value and isinstance(value[-1], int):
+        return value[-1]
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def summarize(root: Root, path: Path, entry_id: str, name: str) -> RunEntry:
+    """A run's row, read from its files (``trainer.json``, ``status.json``, the ends of ``results.jsonl``)."""
+    entry = RunEntry(id=entry_id, path=path, name=name, signature=_signature(path))
+    settings, problem = read_json(root, path / runs.SETTINGS_FILE)
+    if problem:
+        entry.problems.append(problem)
+    status, problem = read_json(root, path / runs.STATUS_FILE)
+    if problem:
+        entry.problems.append(problem)
+    entry.status, entry.ended = status_of(root, path, status)
+    for fname in (runs.SETTINGS_FILE, runs.STATUS_FILE):
+        key = stat_key(path / fname)
+        if key is not None:
+            entry.started = key[1] / 1e9
+            break
+    entry.trial = isinstance(settings, dict) and settings.get("trial_id") is not None
+    results = path / runs.RESULTS_FILE
+    try:
+        last_lines = tail_lines(root, results, 1)
+    except OutsideRoot as exc:
+        entry.problems.append(str(exc))
+        last_lines = []
+    last = parse_round(last_lines[-1]) if last_lines else None
+    entry.num_workers = workers_of(settings, last)
+    if last:
+        iteration = number(last[0].get("_training_iteration"))
+        entry.iterations = int(iteration) if iteration == iteration else 0
+        metric = headline_metric(last[0])
+        if metric is not None:
+            spark = []
+            for raw in sample_lines(str(results), SPARK_POINTS)[0]:
+                ranks = parse_round(raw)
+                if ranks:
+                    value = dict(flat(ranks[0])).get(metric)
+                    v = number(value)
+                    spark.append(None if v != v else v)
+            v = number(dict(flat(last[0])).get(metric))
+            entry.metric = {"name": metric, "last": None if v != v else v, "spark": spark or None}
+    return entry
+
+
+def status_of(root: Root, path: Path, status: Any) -> Tuple[str, Optional[float]]:
+    """``(status, ended)`` from ``status.json``'s content; a ``RUNNING`` run whose driver on this host
+    is gone is ``DRIVER_DIED`` (:func:`sgd.runs.run_status`)."""
+    if not isinstance(status, dict):
+        return "UNKNOWN", None
+    text = str(status.get("status", "UNKNOWN"))
+    ended = status.get("time") if isinstance(status.get("time"), (int, float)) else None
+    if text == "RUNNING":
+        text = runs.run_status(path) if root.inside(path / runs.STATUS_FILE) else text
+        if text == "RUNNING":
+            ended = None
+    return text, ended
+
+
+class RunIndex:
+    """Every run below ``root``, by id, summaries cached by their files' size and mtime.
+
+    :param root: the served folder.
+    """
+
+    def __init__(self, root: Root):
+        self.root = root
+        self._entries: Dict[str, RunEntry] = {}
+        self._lock = threading.Lock()
+        self.refreshed = 0.0
+
+    def refresh(self) -> List[RunEntry]:
+        """Walk the folder again; re-read the runs whose files changed (and the live ones' status)."""
+        try:
+            found = runs.find_runs(self.root.path)
+        except FileNotFoundError:
+            found = []
+        fresh: Dict[str, RunEntry] = {}
+        for path in found:
+            if not self.root.inside(path):
+                continue  # a symlink to a folder elsewhere
+            name = self.root.relative(path)
+            if name == ".":
+                name = self.root.path.name
+            rid = run_id(self.root.relative(path))
+            old = self._entries.get(rid)
+            if old is not None and old.signature == _signature(path):
+                if old.status == "RUNNING":
+                    old.status, old.ended = status_of(self.root, path, read_json(self.root, path / runs.STATUS_FILE)[0])
+                fresh[rid] = old
+            else:
+                fresh[rid] = summarize(self.root, path, rid, name)
+        with self._lock:
+            self._entries = fresh
+            self.refreshed = time.monotonic()
+        return list(fresh.values())
+
+    def get(self, rid: str) -> Optional[RunEntry]:
+        """The run with id ``rid`` (the folder walked again once if it is not known yet)."""
+        entry = self._entries.get(rid)
+        if entry is None and len(rid) == 12 and all(c in "0123456789abcdef" for c in rid):
+            self.refresh()
+            entry = self._entries.get(rid)
+        return entry
+
+    def listing(self, q: str = "", sort: str = "-started", status: str = "") -> List[Dict[str, Any]]:
+        """The rows of ``/api/runs``: filtered by ``q`` (in the name, any case) and ``status``
+        (comma-separated), sorted by ``sort`` (one of :data:`SORTS`, ``-`` first for descending).
+
+        :raises ValueError: ``sort`` is not one of them.
+        """
+        key = sort.lstrip("-") or "started"
+        if key not in SORTS:
+            raise ValueError(f"sort={sort!r}: sort by one of {', '.join(sorted(SORTS))} (a leading '-' for descending)")
+        entries = self.refresh()
+        now = time.time()
+        rows = [e.row(now) for e in entries]
+        if q:
+            rows = [r for r in rows if q.lower() in r["name"].lower()]
+        if status:
+            wanted = {s.strip().upper() for s in status.split(",") if s.strip()}
+            rows = [r for r in rows if r["status"] in wanted]
+        field_of = {"started": "started", "name": "name", "status": "status", "duration": "duration_s",
+                    "iterations": "iterations"}[key]
+        rows.sort(key=lambda r: (r[field_of] is None, r[field_of] if r[field_of] is not None else 0),
+                  reverse=sort.startswith("-"))
+        if sort.startswith("-"):  # missing values last either way
+            rows.sort(key=lambda r: r[field_of] is None)
+        return rows
