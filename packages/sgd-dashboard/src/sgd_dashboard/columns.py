@@ -126,13 +126,14 @@ class RunColumns:
                 if len(col) <= row:
                     col.append(NAN)
 
-    def catch_up(self, sync_bytes: int = SYNC_BYTES) -> bool:
-        """Read what was appended: in this call when it is at most ``sync_bytes``, else in a
-        background thread. Returns whether the columns now hold every complete line."""
+    def catch_up(self, sync_bytes: Optional[int] = None) -> bool:
+        """Read what was appended: in this call when it is at most ``sync_bytes`` (default
+        :data:`SYNC_BYTES`), else in a background thread. Returns whether the columns now hold
+        every complete line."""
         if self._thread is not None and self._thread.is_alive():
             return False
         left = self.remaining()
-        if left > sync_bytes:
+        if left > (SYNC_BYTES if sync_bytes is None else sync_bytes):
             self._thread = threading.Thread(target=self._read_all, name=f"sgd-dashboard read {self.path}", daemon=True)
             self._thread.start()
             return False
