@@ -2,6 +2,7 @@
 
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 
@@ -246,6 +247,19 @@ def test_a_restart_replaces_only_the_dead_worker(trainer_factory):
     assert len(pids[0]) == 1, pids  # rank 0 ran both attempts in its first process
     assert len(pids[1]) == 2 and pids[1][0] == killer.killed[0], pids
     assert [r[0]["step"] for r in seen.rounds] == list(range(1, 7))
+    # The run's events say which process died where, and which processes went on from which checkpoint.
+    events = sgd.runs.read_events(trainer.latest_run_dir).events
+    kinds = [e["event"] for e in events]
+    assert kinds[:2] == ["run_started", "attempt_started"] and kinds[-1] == "run_finished", kinds
+    failed = next(e for e in events if e["event"] == "worker_failed")
+    assert (failed["rank"], failed["pid"], failed["died"]) == (1, killer.killed[0], True)
+    assert failed["host"] == socket.gethostname()
+    restart = next(e for e in events if e["event"] == "restart")
+    first, second = [e for e in events if e["event"] == "attempt_started"]
+    assert [w["pid"] for w in first["workers"]] == [pids[0][0], pids[1][0]]
+    assert [w["pid"] for w in second["workers"]] == [pids[0][0], pids[1][1]]
+    assert second["checkpoint"] == restart["checkpoint"] and restart["checkpoint"].startswith("checkpoint_")
+    assert (trainer.latest_run_dir / "checkpoints" / restart["checkpoint"]).is_dir()
     # The kept worker starts the next run too, with the same rank.
     assert trainer.run(lambda: (os.getpid(), sgd.world_rank())) == [(pids[0][0], 0), (pids[1][1], 1)]
 

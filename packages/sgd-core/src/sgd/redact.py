@@ -80,10 +80,11 @@ def redact(value: Any) -> Any:
     return value
 
 
-#: ``name=value``, ``name: value``, ``"name": "value"`` where the name looks like a secret (the
-#: value up to the next space, comma, quote or bracket).
+#: ``name=value``, ``name: value``, ``"name": "value"`` where the name looks like a secret: from the
+#: secret word on (what comes before it in the name stays), the value up to the next space, comma,
+#: quote or bracket. Anchored on the word, so that the search stays linear in the text.
 _SECRET_ASSIGNMENT = re.compile(
-    r"""(?P<name>[\w.-]*(?:api[_-]?key|token|password|secret)[\w.-]*)(?P<sep>["']?\s*[:=]\s*["']?)"""
+    r"""(?P<name>(?:api[_-]?key|token|password|secret)[\w.-]{0,64}?)(?P<sep>["']?\s{0,8}[:=]\s{0,8}["']?)"""
     r"""(?P<value>[^\s"',)}\]]+)""", re.IGNORECASE)
 _BEARER = re.compile(r"(?P<name>\bBearer\s+)(?P<value>[A-Za-z0-9._~+/=-]+)")
 

@@ -3,6 +3,7 @@
 one reader. Everything here only reads: a run that is still going is not disturbed.
 """
 
+from sgd.storage.events import EVENT_KINDS, EVENTS_FILE, EVENTS_FORMAT_VERSION, EventsRead, read_events
 from sgd.storage.reading import (
     MAX_DEPTH,
     RESULTS_FILE,
@@ -26,7 +27,6 @@ from sgd.storage.reading import (
     run_status,
     run_summary,
 )
-from sgd.storage.events import EVENT_KINDS, EVENTS_FILE, EVENTS_FORMAT_VERSION, EventsRead, read_events
 
 __all__ = [
     "EVENTS_FILE",

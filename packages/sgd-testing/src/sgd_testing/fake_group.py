@@ -79,6 +79,10 @@ class FakeGroup:
         self.requests: List[RunRequest] = []
         #: what :attr:`recovers_in_place` says (the run is in ``sgd.elastic.run``)
         self.in_place = False
+        #: each worker's process id, by rank: new ones after a restart, the survivors' kept by a re-form
+        self.pids: List[int] = []
+        self._next_pid = 1000
+        self._new_pids()
 
     # --- scripting -------------------------------------------------------------------------
 
@@ -174,6 +178,21 @@ class FakeGroup:
     def worker_group(self) -> Any:
         return self if self.started else None
 
+    @property
+    def metadata(self) -> List[Any]:
+        """Where each worker runs, by rank, as the real group's workers tell it (pid, host name,
+        node IP and id): ranks alternate between two fake hosts, ``host-a`` and ``host-b``."""
+        from types import SimpleNamespace
+
+        return [SimpleNamespace(pid=pid, hostname=f"host-{'ab'[rank % 2]}", node_ip=f"10.0.0.{rank % 2 + 1}",
+                                node_id=f"node-{'ab'[rank % 2]}") for rank, pid in enumerate(self.pids)]
+
+    def _new_pids(self, keep: Sequence[int] = ()) -> None:
+        self.pids = list(keep)
+        while len(self.pids) < self.num_workers:
+            self.pids.append(self._next_pid)
+            self._next_pid += 1
+
     def start(self, initialization_hook: Optional[Callable[[], Any]] = None, actor_cls: Optional[type] = None,
               actor_cls_args: Optional[tuple] = None,
               actor_cls_kwargs: Optional[dict] = None) -> Optional[BaseException]:
@@ -259,12 +278,16 @@ class FakeGroup:
             self._dirty = False
             if size is not None:
                 self.num_workers = size
+            self._new_pids()
         return failed
 
     def reform(self, barrier: Barrier, iteration: int) -> Optional[BaseException]:
         failed = self._record("reform", gone=sorted(barrier.gone), iteration=iteration)
         if failed is None and self.min_workers != self.max_workers:
             self.num_workers = max(self.min_workers, len(barrier.arrivals))
+        if failed is None:
+            survivors = [pid for rank, pid in enumerate(self.pids) if rank not in barrier.gone]
+            self._new_pids(survivors[:self.num_workers])
         return failed
 
     @property

@@ -83,6 +83,8 @@ class ActorGroup(_Placing, _InPlace):
         self.placement_timeout_s = placement_timeout_s
         #: Hosts found lost (before Ray declares them dead) and draining: placements avoid them.
         self.nodes = NodeWatch()
+        #: the current run's event log writer (:class:`sgd.run.telling.RunEvents`), set by its controller
+        self.events: Optional[Any] = None
         self.worker_group: Optional[WorkerGroup] = None
         #: The group's backend; ``None`` while no group is up.
         self.backend: Optional[Backend] = None
@@ -230,6 +232,8 @@ class ActorGroup(_Placing, _InPlace):
                 where = ", ".join(n.describe() for n in lost.values())
                 ranks = [i for i, m in enumerate(old.metadata) if m.node_id in lost]
                 logger.warning("host lost: %s (ranks %s); placing the group again without it", where, ranks)
+                if self.events is not None:
+                    self.events.hosts_lost(lost, ranks)
             if self.min_workers == self.max_workers and not lost and not move:
                 if runs_ended:
                     logger.info("restart: every run ended after the failure; keeping all %d workers", len(old))

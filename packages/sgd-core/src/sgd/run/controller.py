@@ -57,6 +57,7 @@ from sgd.run.states import (
     Starting,
     State,
 )
+from sgd.run.telling import RunEvents
 
 logger = logging.getLogger("sgd")
 
@@ -165,6 +166,14 @@ class ActiveRun(_Recovery):
         #: the same, with each state's data
         self.history: List[State] = []
         resumed = self._delivery.delivered_iteration > 0
+        #: the run's event log (events.jsonl): what happened, written where it is decided
+        self.events = RunEvents(spec.run_dir.events, controller.group)
+        spec.manager.events = spec.run_dir.events
+        if hasattr(controller.group, "events"):
+            controller.group.events = self.events
+        self.events.run_started(spec.run_dir.attempt, controller.group.num_workers,
+                                self._delivery.delivered_iteration, spec.run_dir.previous)
+        self._before_reform: List[Dict[str, Any]] = []
         self._to(Starting())
         for cb in spec.callbacks:
             cb.start_training(logdir=str(spec.run_dir.path), config=spec.config, resumed=resumed,
@@ -189,10 +198,30 @@ class ActiveRun(_Recovery):
         if self.transitions and self.transitions[-1] is state.kind and state.kind is RunState.STARTING:
             self.history[-1] = state  # the start's outcome, not a new state
             return
+        previous = self.transitions[-1] if self.transitions else None
         self.transitions.append(state.kind)
         self.history.append(state)
+        self._tell(state, previous)
         if state.kind is not RunState.RUNNING:
             self._burst.clear()  # a restart replays those rounds; a stop or failure drops them
+
+    def _tell(self, state: State, previous: Optional[RunState]) -> None:
+        """The event log's part of a change of state: a start, a re-form, a resize, the end."""
+        if isinstance(state, Running):
+            if previous is RunState.REFORMING:
+                reforming = self.history[-2]
+                self.events.reformed(self._before_reform, getattr(reforming, "attempt", 0))
+            else:
+                loaded = self._manager.loaded_from
+                from_checkpoint = self._launched_with is not None and loaded is not None
+                self.events.attempt_started(self._launched_at,
+                                            loaded.name if from_checkpoint and loaded is not None else None)
+        elif isinstance(state, Resizing):
+            self.events.resize(state.resize.num_workers, state.resize.reason)
+        elif isinstance(state, Reforming):
+            self._before_reform = self.events.workers()
+        elif isinstance(state, Ended):
+            self.events.ended(state.kind, state.error, isinstance(state.error, (KeyboardInterrupt, SystemExit)))
 
     # --- between rounds: hosts, hangs, room to grow -------------------------------------------
 
@@ -208,10 +237,13 @@ class ActiveRun(_Recovery):
             answer_stacks_request(self._spec.run_dir.path, lambda: group.stacks(timeout_s=5.0))
         timeout = self._hang_timeout_s
         if poll.kind is PollKind.IDLE and timeout is not None and now - poll.last_progress >= timeout:
-            self._fail(hang_error(timeout, poll.progress, group.stacks(timeout_s=5.0)), "training")
+            hung = hang_error(timeout, poll.progress, group.stacks(timeout_s=5.0))
+            self.events.hang(hung, timeout)
+            self._fail(hung, "training")
             return
         health = group.health()
         if health.lost is not None:
+            self.events.host_lost(health.lost)
             self._fail(health.lost, "training")
             return
         if not health.draining:
@@ -219,6 +251,7 @@ class ActiveRun(_Recovery):
             return
         if self._drain is None:
             self._drain = dict(health.draining)
+            self.events.drain_notice(self._drain)
             group.announce_drain(self._drain)
         deadline = min(n.drain_deadline or math.inf for n in self._drain.values())
         if time.time() >= deadline - DRAIN_MARGIN_S:

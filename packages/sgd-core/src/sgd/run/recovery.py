@@ -18,6 +18,7 @@ from sgd.run.delivery import Delivery
 from sgd.run.policies import Failure, FailurePolicy, Raise, Resize
 from sgd.run.spec import RunSpec
 from sgd.run.states import Failing, Reforming, Restarting, Running, State
+from sgd.run.telling import RunEvents
 from sgd.storage.manager import CheckpointManager
 
 
@@ -39,6 +40,11 @@ class _Recovery:
     _readable: List[str]
     _drain: Optional[Dict[str, NodeInfo]]
     _drain_waits_logged: bool
+    events: RunEvents
+    #: the checkpoint state the training functions were last started from (``None``: none)
+    _launched_with: Optional[dict] = None
+    #: the report count the training functions were last started at
+    _launched_at: int = 0
 
     if TYPE_CHECKING:
         def _to(self, state: State) -> None: ...
@@ -57,6 +63,7 @@ class _Recovery:
                                   durable=self._manager.strategy.num_to_keep != 0)
         self._delivery.restarted(start_iteration)
         self._drain, self._drain_waits_logged = None, False
+        self._launched_with, self._launched_at = checkpoint, start_iteration
         return group.begin(RunRequest(
             train_func=spec.train_func, checkpoint=checkpoint, dataset=spec.dataset,
             dataset_config=spec.dataset_config, start_iteration=start_iteration, checkpoint_target=target,
@@ -82,16 +89,21 @@ class _Recovery:
         if failure is None:
             self._to(Reforming(barrier, 0))
             return
-        self._tell_failure(failure, "training")
+        self._tell_failure(failure, "training", barrier)
         decision = self._controller.failures.decide(Failure(failure, "training"))
         if isinstance(decision, Raise):
             self._to(Failing(decision.error))
         else:
             self._to(Reforming(barrier, decision.attempt))
 
-    def _tell_failure(self, error: BaseException, phase: str) -> None:
-        """``handle_failure`` of every callback that has one (Ray 2.x's ``after_exception`` is
-        called from it), before the policy decides: a failure that is then retried is told too."""
+    def _tell_failure(self, error: BaseException, phase: str, barrier: Optional[Barrier] = None) -> None:
+        """The event log, then ``handle_failure`` of every callback that has one (Ray 2.x's
+        ``after_exception`` is called from it), before the policy decides: a failure that is then
+        retried is told too."""
+        if barrier is not None and barrier.gone:
+            self.events.barrier_failures(barrier)
+        else:
+            self.events.worker_failed(error, phase)
         for callback in self._spec.callbacks:
             handle = getattr(callback, "handle_failure", None)
             if handle is not None:
@@ -124,10 +136,14 @@ class _Recovery:
             # Read and verified, not decoded: the workers decode it (they have the framework its
             # codec needs; a cold import on the driver cost a restart 1.2 s).
             state = self._manager.restorable(decode=False)
-            if state is not None:
-                failed = self._launch(state, self._manager.latest_iteration)
-            else:
-                failed = self._launch(self._spec.checkpoint, 0)
+            checkpoint = state if state is not None else self._spec.checkpoint
+            iteration = self._manager.latest_iteration if state is not None else 0
+            loaded = self._manager.loaded_from
+            self.events.restart(
+                None if error is None else self._controller.failures.failures,
+                self._controller.failures.max_retries, loaded.name if state is not None and loaded else None,
+                iteration, self._group.num_workers)
+            failed = self._launch(checkpoint, iteration)
         if failed is not None:
             self._fail(failed, "restarting")
         else:

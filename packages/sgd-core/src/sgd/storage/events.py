@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Dict, List, Optional, Union
 
+from sgd._common.json_values import finite, json_default
 from sgd._common.public import public_module
 from sgd.redact import redact
 
@@ -82,13 +83,14 @@ class EventLog:
         self._file: Optional[IO[str]] = None
 
     def write(self, kind: str, **fields: Any) -> Dict[str, Any]:
-        """Append the event ``kind`` with ``fields`` (redacted; values JSON cannot hold written as
-        their ``repr``); returns it as written."""
-        event = {"v": EVENTS_FORMAT_VERSION, "time": time.time(), "event": kind, **redact(fields)}
+        """Append the event ``kind`` with ``fields`` (redacted; NaN and infinities spelled as
+        ``results.jsonl`` spells them, other values JSON cannot hold written as their ``repr``);
+        returns it."""
+        event = {"v": EVENTS_FORMAT_VERSION, "time": time.time(), "event": kind, **finite(redact(fields))}
         try:
             if self._file is None:
                 self._file = open(self.path, "a", encoding="utf-8")
-            self._file.write(json.dumps(event, default=repr, allow_nan=False) + "\n")
+            self._file.write(json.dumps(event, default=json_default, allow_nan=False) + "\n")
             self._file.flush()
         except (OSError, ValueError):
             pass

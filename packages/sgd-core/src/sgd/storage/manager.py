@@ -78,6 +78,10 @@ class CheckpointManager(_Restoring):
         #: retention the newest one that is, until that report is delivered.
         self.delivered_iteration: Optional[int] = None
         self._kept: List[_Kept] = []
+        self.loaded_from: Optional[Path] = None
+        #: the run's event log (:class:`sgd.storage.events.EventLog`): checkpoints persisted,
+        #: deleted and passed over are written to it; ``None``: not recorded
+        self.events: Optional[Any] = None
         #: the kept checkpoints change in the controller's thread and in the validations' one
         self._lock = threading.RLock()
         #: the run's asynchronous validations (:meth:`set_validation_config`), else ``None``
@@ -159,6 +163,10 @@ class CheckpointManager(_Restoring):
         with self._lock:
             self._intent = iteration
             self._write_index()
+
+    def _tell(self, kind: str, **fields: Any) -> None:
+        if self.events is not None:
+            self.events.write(kind, **fields)
 
     def _write_index(self) -> None:
         write_index(self.checkpoint_dir, self._kept, intent=self._intent, through=self._through)
@@ -276,8 +284,11 @@ class CheckpointManager(_Restoring):
             score, score_error = -math.inf, exc
         path = self._write(self.latest_id, written, score, iteration, metrics=metrics, name=name)
         with self._lock:
-            self._kept.append(_Kept(self.latest_id, score, path, iteration, _recorded_files(path),
+            files = _recorded_files(path)
+            self._kept.append(_Kept(self.latest_id, score, path, iteration, files,
                                     json_safe(metrics) if metrics is not None else None, status))
+            self._tell("checkpoint_persisted", checkpoint=path.name, iteration=iteration,
+                       score=score if math.isfinite(score) else None, bytes=_size(files))
             self._upload(path)
             self._prune()
             self._write_index()
@@ -344,6 +355,7 @@ class CheckpointManager(_Restoring):
                 shutil.rmtree(c.path, ignore_errors=True)
                 self._kept.remove(c)
                 removed = True
+                self._tell("checkpoint_deleted", checkpoint=c.path.name, iteration=c.iteration)
                 if self.mirror:
                     self._mirror_storage().delete_dir(self.mirror_uri(c.path.name))
         if removed:
@@ -365,3 +377,11 @@ class CheckpointManager(_Restoring):
         returns, the copy is complete)."""
         if self.mirror:
             self._mirror_storage().upload_dir(str(path), self.mirror_uri(path.name))
+
+
+def _size(files: Optional[Dict[str, Any]]) -> Optional[int]:
+    """The bytes of a checkpoint's recorded files (``None``: not recorded)."""
+    if not files:
+        return None
+    sizes = [entry.get("size") for entry in files.values() if isinstance(entry, dict)]
+    return sum(size for size in sizes if isinstance(size, int)) if sizes else None

@@ -12,7 +12,7 @@ import json
 import logging
 import math
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from sgd import plugins
 from sgd.checkpoint.encoded import EncodedState
@@ -35,6 +35,11 @@ class _Restoring:
     latest_iteration: int
     delivered_iteration: Optional[int]
     _kept: List[_Kept]
+    #: the folder the state in :attr:`latest_state` was last read from (``None``: none read yet)
+    loaded_from: Optional[Path]
+
+    if TYPE_CHECKING:
+        def _tell(self, kind: str, **fields: Any) -> None: ...
 
     def latest(self) -> Optional[Dict[str, Any]]:
         """The latest checkpoint's state (read back from disk if rank 0 wrote it directly).
@@ -99,8 +104,10 @@ class _Restoring:
                     state = checkpoint.to_dict() if decode else checkpoint.to_encoded()
             except (CheckpointIntegrityError, FileNotFoundError) as exc:
                 logger.warning("skipping checkpoint %s, which does not verify: %s", kept.path, exc)
+                self._tell("checkpoint_rejected", checkpoint=kept.path.name, iteration=kept.iteration,
+                           reason=str(exc))
                 continue
-            self.latest_state = state
+            self.latest_state, self.loaded_from = state, kept.path
             if kept.checkpoint_id != self.latest_id:
                 self.latest_iteration = kept.iteration
             return

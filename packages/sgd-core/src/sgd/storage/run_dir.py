@@ -12,6 +12,8 @@
   or ``STOPPED`` (ended early on purpose: :meth:`sgd.TrainingIterator.stop`, a Tune scheduler),
   with the driver's pid and host and the ``attempt`` (1, then one more for each driver that
   resumed the run);
+- ``events.jsonl``: one JSON line per thing that happened to the run (started, a worker failed,
+  restarted from which checkpoint, resized, ended...): :mod:`sgd.storage.events`;
 - ``.driver.lock``: held by the driver while the run is open (:mod:`sgd.storage.lock`).
 """
 
@@ -26,6 +28,7 @@ from sgd.checkpoint import newest_loadable
 from sgd.checkpoint.integrity import checkpoint_dirs
 from sgd.redact import redact
 from sgd.storage.errors import RunNotFoundError
+from sgd.storage.events import EventLog
 from sgd.storage.lock import RunLock
 from sgd.storage.reading import (
     RESULTS_FILE,
@@ -49,6 +52,8 @@ class RunDirectory:
         self.path = path
         self.checkpoint_dir = path / "checkpoints"
         self._results: Optional[IO[str]] = None
+        #: the run's event log (``events.jsonl``), written by the run's controller
+        self.events = EventLog(path)
         #: Whether checkpoints of this run may be unpickled (``Trainer.restore(..., trusted=)``).
         self.trusted: Optional[bool] = None
         #: This driver's lock on the folder while the run is open (:meth:`take`).
@@ -132,6 +137,7 @@ class RunDirectory:
         if self._results is not None:
             self._results.close()
             self._results = None
+        self.events.close()
         try:
             self._write_status("INTERRUPTED" if interrupted else "ERRORED" if error
                                else "STOPPED" if stopped else "FINISHED")

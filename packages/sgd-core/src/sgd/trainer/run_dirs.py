@@ -104,7 +104,7 @@ def resume_state(run: RunDirectory, manager: CheckpointManager) -> Optional[Dict
                     "from the beginning; the %d reports already recorded are not delivered again",
                     run.path, run.attempt, earlier, run.last_iteration())
         return None
-    manager.latest_state, manager.latest_iteration = state, iteration
+    manager.latest_state, manager.latest_iteration, manager.loaded_from = state, iteration, path
     newer = [p for _, p in checkpoint_dirs(run.checkpoint_dir) if p.name > path.name]
     passed = "; ".join(f"{p.name}: {check(p) or 'it goes with a report that was never delivered'}" for p in newer)
     logger.info("run %s: attempt %d resumes from %s (iteration %d), the newest checkpoint that verifies of the run "
