@@ -7,9 +7,10 @@ holds up a live stream.
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import re
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -17,14 +18,14 @@ from starlette.routing import Route
 
 from sgd import runs
 from sgd_dashboard.app import Dashboard, Json, error
-from sgd_dashboard.columns import RunColumns
+from sgd_dashboard.columns import FOREGROUND, RunColumns
 from sgd_dashboard.detail import run_detail, sampled_metric_names, workers
 from sgd_dashboard.files import OutsideRoot
 from sgd_dashboard.rounds import sample_lines
 from sgd_dashboard.series import BadQuery, Query, parse_query, series_of, unknown_names
 
 #: Lines sampled across a large run's results for a first chart, while its columns are read.
-SAMPLED_LINES = 4000
+SAMPLED_LINES = 2000
 
 
 def metric_data(dashboard: Dashboard, rid: str, query: Query) -> Dict[str, Any]:
@@ -51,7 +52,7 @@ def metric_data(dashboard: Dashboard, rid: str, query: Query) -> Dict[str, Any]:
         series, total, cut = series_of(run, query, columns, rows)
         return {"x_axis": query.x_axis, "series": series, "total_points": total, "downsampled": cut,
                 "complete": True, "offset": offset, "bad_lines": run.bad_lines}
-    lines, offset = sample_lines(str(path), max(SAMPLED_LINES, query.max_points))
+    lines, offset = sample_lines(str(path), max(SAMPLED_LINES, query.max_points or SAMPLED_LINES))
     sample = RunColumns.of_lines(dashboard.root, lines)
     series, total, cut = series_of(sample, query)
     return {"x_axis": query.x_axis, "series": series, "total_points": max(total, entry.iterations),
@@ -66,9 +67,19 @@ def _wanted(run: RunColumns, query: Query) -> List[Any]:
     return [(n, r) for n in query.names for r in ranks] + [(X_AXES[query.x_axis], r) for r in ranks]
 
 
+def _first(handler: Callable[[Request], Response]) -> Callable[[Request], Response]:
+    """``handler``, answered before any background read of a run's columns goes on."""
+    @functools.wraps(handler)
+    def wrapped(request: Request) -> Response:
+        with FOREGROUND:
+            return handler(request)
+    return wrapped
+
+
 def routes(dashboard: Dashboard) -> List[Route]:
     """The routes of the JSON endpoints."""
 
+    @_first
     def list_runs(request: Request) -> Response:
         p = request.query_params
         try:
@@ -78,6 +89,7 @@ def routes(dashboard: Dashboard) -> List[Route]:
             return error(400, str(exc))
         return Json({"root": str(dashboard.root.path), "runs": rows})
 
+    @_first
     def get_run(request: Request) -> Response:
         entry = dashboard.run(request.path_params["rid"])
         state = dashboard.state(entry)
@@ -86,6 +98,7 @@ def routes(dashboard: Dashboard) -> List[Route]:
         names = list(run.names) if run.catch_up() else sampled_metric_names(dashboard.root, entry)
         return Json(run_detail(dashboard.root, entry, state.events, names, dashboard.allow_stacks))
 
+    @_first
     def get_metrics(request: Request) -> Response:
         try:
             query = parse_query(request.query_params)

@@ -58,8 +58,11 @@ class Json(JSONResponse):
     def render(self, content: Any) -> bytes:
         import json
 
-        return json.dumps(clean(content), ensure_ascii=False, allow_nan=False, separators=(",", ":"),
-                          default=str).encode("utf-8")
+        try:  # most answers hold no NaN (their numbers were made finite where they were read)
+            text = json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":"), default=str)
+        except ValueError:
+            text = json.dumps(clean(content), ensure_ascii=False, allow_nan=False, separators=(",", ":"), default=str)
+        return text.encode("utf-8")
 
 
 def error(status: int, message: str, **headers: str) -> Json:
@@ -98,6 +101,17 @@ class Dashboard:
         self.heartbeat_s = heartbeat_s
         self._states: OrderedDict[str, RunState] = OrderedDict()
         self._lock = threading.Lock()
+
+    def warm_up(self) -> threading.Thread:
+        """Build the run index in a background thread (a server started from the command line
+        does, so that the first page it serves finds every run already summed up)."""
+        thread = threading.Thread(target=self.index.refresh, name="sgd-dashboard index", daemon=True)
+        thread.start()
+        return thread
+
+    def close(self) -> None:
+        """Stop the background readers of run columns."""
+        self.columns.close()
 
     def run(self, rid: str) -> RunEntry:
         """The run ``rid`` names.

@@ -84,6 +84,8 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     import uvicorn
 
+    app.state.dashboard.warm_up()
+
     print(f"sgd dashboard: the runs in {os.path.abspath(os.path.expanduser(folder))} at "
           f"{url_of(args.host, port, token)} (Ctrl-C to stop)", flush=True)
     config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, access_log=False)

@@ -12,6 +12,7 @@ opened, and following a live run adds only its new rounds.
 from __future__ import annotations
 
 import threading
+import time
 from array import array
 from collections import OrderedDict
 from pathlib import Path
@@ -24,10 +25,32 @@ from sgd_dashboard.rounds import NAN, OWN_FIELDS, complete_lines, flat, is_numer
 
 #: Bytes of the file parsed per step (the lock is held for one step at a time).
 CHUNK = 4 << 20
+#: Bytes the background reader parses between two looks at whether a request is being answered.
+BACKGROUND_CHUNK = 256 << 10
 #: A remainder up to this many bytes is read in the request itself; a larger one in the background.
 SYNC_BYTES = 4 << 20
 #: sgd's own numeric fields kept as columns (x axes, the worker table); ``_pid`` is not a series.
 KEPT_OWN = ("_training_iteration", "_timestamp", "_time_this_iter_s", "_time_total_s")
+
+
+class _Foreground:
+    """How many requests are being answered: the background readers wait while there are any
+    (Python runs one thread at a time; a request should not share it with a million-line read)."""
+
+    def __init__(self) -> None:
+        self.busy = 0
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> None:
+        with self._lock:
+            self.busy += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self.busy -= 1
+
+
+FOREGROUND = _Foreground()
 
 
 class RunColumns:
@@ -145,8 +168,11 @@ class RunColumns:
         return True
 
     def _read_all(self) -> None:
-        while not self.closed and self.read_some(CHUNK) > 0:
-            pass
+        while not self.closed:
+            while FOREGROUND.busy and not self.closed:  # requests first: the first chart of a big run
+                time.sleep(0.005)
+            if self.read_some(BACKGROUND_CHUNK) == 0:
+                break
 
     @property
     def reading(self) -> bool:
@@ -209,6 +235,13 @@ class ColumnCache:
             run = self._runs.pop(run_id)
             run.closed = True
             total -= run.nbytes()
+
+    def close(self) -> None:
+        """Drop every run (their background readers stop after their current chunk)."""
+        with self._lock:
+            for run in self._runs.values():
+                run.closed = True
+            self._runs.clear()
 
     def held(self) -> List[str]:
         """The ids of the runs held, least recently used first."""

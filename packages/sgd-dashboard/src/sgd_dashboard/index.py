@@ -8,6 +8,7 @@ thousand runs again costs a walk of the folder and a ``stat`` per file.
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ SPARK_POINTS = 64
 #: Metrics preferred as a run's headline, in order; else its first numeric metric.
 HEADLINE = ("loss", "train_loss", "val_loss", "eval_loss", "accuracy", "acc")
 SORTS = {"started", "name", "status", "duration", "iterations"}
+_DECODER = json.JSONDecoder()
 
 
 @dataclass
@@ -110,16 +112,29 @@ def summarize(root: Root, path: Path, entry_id: str, name: str) -> RunEntry:
         entry.iterations = int(iteration) if iteration == iteration else 0
         metric = headline_metric(last[0])
         if metric is not None:
-            spark = []
-            for raw in sample_lines(str(results), SPARK_POINTS)[0]:
-                ranks = parse_round(raw)
-                if ranks:
-                    value = dict(flat(ranks[0])).get(metric)
-                    v = number(value)
-                    spark.append(None if v != v else v)
-            v = number(dict(flat(last[0])).get(metric))
-            entry.metric = {"name": metric, "last": None if v != v else v, "spark": spark or None}
+            spark = [_value(first_result(raw), metric) for raw in sample_lines(str(results), SPARK_POINTS)[0]]
+            entry.metric = {"name": metric, "last": _value(last[0], metric), "spark": spark or None}
     return entry
+
+
+def first_result(raw: bytes) -> Optional[Dict[str, Any]]:
+    """Rank 0's dict of a line, decoding only that dict (a sparkline needs no other rank's)."""
+    text = raw.decode("utf-8", "replace")
+    start = text.find("{")
+    if start < 0:
+        return None
+    try:
+        value, _ = _DECODER.raw_decode(text, start)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _value(result: Optional[Dict[str, Any]], metric: str) -> Optional[float]:
+    if result is None:
+        return None
+    v = number(result.get(metric) if metric in result else dict(flat(result)).get(metric))
+    return None if v != v else v
 
 
 def status_of(root: Root, path: Path, status: Any) -> Tuple[str, Optional[float]]:
@@ -146,10 +161,15 @@ class RunIndex:
         self.root = root
         self._entries: Dict[str, RunEntry] = {}
         self._lock = threading.Lock()
+        self._refreshing = threading.Lock()  # one walk at a time: a second one finds the first's work
         self.refreshed = 0.0
 
     def refresh(self) -> List[RunEntry]:
         """Walk the folder again; re-read the runs whose files changed (and the live ones' status)."""
+        with self._refreshing:
+            return self._refresh()
+
+    def _refresh(self) -> List[RunEntry]:
         try:
             found = runs.find_runs(self.root.path)
         except FileNotFoundError:
