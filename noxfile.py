@@ -229,6 +229,8 @@ BENCHMARKS = {
     "elastic": ("benchmarks/bench_elastic.py", ()),
     # 1M rows × 50 features, 100 rounds: sgd-xgboost beside Ray Train's XGBoostTrainer and one process
     "xgboost": ("benchmarks/bench_xgboost.py", ("ray[train]", "packages/sgd-xgboost")),
+    # sgd-dashboard: list 1,000 runs, open a 1,000,000-round run, live latency, memory while following
+    "dashboard": ("benchmarks/bench_dashboard.py", ("packages/sgd-dashboard", "httpx")),
 }
 
 
@@ -237,11 +239,12 @@ def bench(session: nox.Session) -> None:
     """Benchmarks: core overhead, checkpoints and recovery, scale (2 to 32 workers, scale.md/.png),
     Ray Data, sgd side by side with Ray Train and torchrun (compare.md/.png), a Tune grid with
     and without actor reuse (tune.md), a real three-host cluster losing a host (cluster.md), and
-    distributed XGBoost beside Ray Train's and one process (xgboost.md, ``--rows N`` for a smaller run);
+    distributed XGBoost beside Ray Train's and one process (xgboost.md, ``--rows N`` for a smaller run),
+    and the dashboard's listing, opening, live latency and memory (dashboard.md);
     JSON and markdown tables in benchmarks/results/.
     ``nox -s bench -- --quick`` runs fewer repetitions; ``nox -s bench -- cluster [--quick]``
     runs the named benchmarks only (any of: core, checkpoint, scale, data, compare, tune, cluster,
-    elastic, xgboost)."""
+    elastic, xgboost, dashboard)."""
     _install(session)
     env = {"PYTHONUNBUFFERED": "1"}
     chosen = [a for a in session.posargs if a in BENCHMARKS]
