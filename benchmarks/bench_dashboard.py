@@ -224,7 +224,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=None)
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--follow-s", type=float, default=None)
-    args = parser.parse_args()
+    args, _ = parser.parse_known_args()  # `nox -s bench` hands every script the same arguments
     count = args.runs or (200 if args.quick else 1000)
     rounds = args.rounds or (100_000 if args.quick else 1_000_000)
     follow_s = args.follow_s or (15.0 if args.quick else 60.0)

@@ -79,12 +79,12 @@ def test_a_real_two_worker_run(ray_cluster, results, tmp_path):
             text = client.get(f"/api/runs/{rid}/logs/{logs[1]['id']}").json()["text"]
             assert text.startswith("=== rank 1: pid ") and "step 4 on rank 1" in text
             events = client.get(f"/api/runs/{rid}/events").json()
-            if detail["has_events"]:  # written by the controller since issue 54
-                kinds = [e["event"] for e in events["events"]]
-                assert kinds[0] == "run_started" and "attempt_started" in kinds and kinds[-1] == "run_finished"
-                assert events["bad_lines"] == 0
-            else:
-                assert events["events"] == []
+            assert detail["has_events"] and events["bad_lines"] == 0  # the controller writes them (issue 54)
+            kinds = [e["event"] for e in events["events"]]
+            assert kinds[0] == "run_started" and kinds[-1] == "run_finished"
+            assert "checkpoint_persisted" in kinds
+            (started,) = [e for e in events["events"] if e["event"] == "attempt_started"]
+            assert [(w["rank"], w["pid"]) for w in started["workers"]] == [(w["rank"], w["pid"]) for w in workers]
     finally:
         go.touch()
         thread.join(120)

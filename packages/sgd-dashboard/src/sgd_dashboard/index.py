@@ -183,24 +183,34 @@ class RunIndex:
                 name = self.root.path.name
             rid = run_id(self.root.relative(path))
             old = self._entries.get(rid)
-            if old is not None and old.signature == _signature(path):
-                if old.status == "RUNNING":
-                    old.status, old.ended = status_of(self.root, path, read_json(self.root, path / runs.STATUS_FILE)[0])
-                fresh[rid] = old
-            else:
-                fresh[rid] = summarize(self.root, path, rid, name)
+            fresh[rid] = summarize(self.root, path, rid, name) if old is None else self._current(old)
         with self._lock:
             self._entries = fresh
             self.refreshed = time.monotonic()
         return list(fresh.values())
 
     def get(self, rid: str) -> Optional[RunEntry]:
-        """The run with id ``rid`` (the folder walked again once if it is not known yet)."""
+        """The run with id ``rid``, up to date (the folder walked again once if it is not known yet)."""
         entry = self._entries.get(rid)
         if entry is None and len(rid) == 12 and all(c in "0123456789abcdef" for c in rid):
             self.refresh()
             entry = self._entries.get(rid)
-        return entry
+        if entry is None:
+            return None
+        return self._current(entry)
+
+    def _current(self, old: RunEntry) -> RunEntry:
+        """``old``, or its new summary if one of its files changed (a live run's status re-read)."""
+        path = old.path
+        if old.signature != _signature(path):
+            entry = summarize(self.root, path, old.id, old.name)
+            with self._lock:
+                if old.id in self._entries:
+                    self._entries[old.id] = entry
+            return entry
+        if old.status == "RUNNING":
+            old.status, old.ended = status_of(self.root, path, read_json(self.root, path / runs.STATUS_FILE)[0])
+        return old
 
     def listing(self, q: str = "", sort: str = "-started", status: str = "") -> List[Dict[str, Any]]:
         """The rows of ``/api/runs``: filtered by ``q`` (in the name, any case) and ``status``
