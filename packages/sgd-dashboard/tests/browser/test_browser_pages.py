@@ -198,6 +198,8 @@ def test_a_restart_shows_on_the_timeline_and_in_the_worker_table(tmp_path, serve
     page.locator("#metric-picker label", has_text="grad_norm").locator("input").check()
     page.locator("#metric-picker summary").click()
     page.wait_for_selector(".chart-panel[data-metric=grad_norm] canvas")
+    page.select_option("#ranks", "all")
+    expect(page.locator(".chart-panel[data-metric=grad_norm] .u-legend .u-series")).to_have_count(3)
     page.mouse.move(400, 400)
     make.screenshot(page, "run")
     assert w.foreign(server.url) == [] and w.failed == [] and w.errors == []

@@ -181,7 +181,7 @@ export function mountRun(root, id, ctx) {
     if (loading !== token || stopped) return;
     store = fresh;
     loading = null;
-    chartInfo.textContent = names.length ? `${total.toLocaleString()} points${down ? ", downsampled on the server" : ""}` : "";
+    chartInfo.textContent = down ? `downsampled on the server from ${total.toLocaleString()} points` : "";
     for (const data of pending.splice(0)) addRounds(data);
     draw();
   }

@@ -40,10 +40,10 @@ export function checkpointRows(tbody, checkpoints) {
       h("td", { class: "num" }, fmtNumber(c.score)),
       h("td", { class: "metrics-text", title: metrics }, metrics),
       h("td", { class: "num" }, fmtBytes(c.bytes)),
-      h("td", { class: "flags" },
+      h("td", null, h("div", { class: "flags" },
         c.verified ? pill("verified", "ok") : pill("not verified", "warn"),
         c.best ? pill("best", "info") : null, c.latest ? pill("latest") : null,
-        c.resume ? pill("resume", "info") : null)));
+        c.resume ? pill("resume", "info") : null))));
   }
 }
 
