@@ -24,7 +24,8 @@ def _points(page, metric: str) -> int:
 
 def test_a_live_run_gains_points_and_events_without_reload(tmp_path, serve, open_page, make):
     t0 = time.time() - 30
-    run = make.run(tmp_path, "live", status="RUNNING", iterations=5, t0=t0, events=[
+    run = make.run(tmp_path, "live", status="RUNNING", iterations=5, t0=t0,
+                   logs={0: make.log_header(0, 1000, t0) + "step 1\n"}, events=[
         make.event("run_started", t0, pid=1, host="vm-test", num_workers=2),
         make.event("attempt_started", t0 + 0.1, attempt=1, num_workers=2, iteration=0, checkpoint=None,
                    workers=[{"rank": 0, "pid": 1000, "host": "vm-test"}, {"rank": 1, "pid": 1001, "host": "vm-test"}])])
@@ -59,6 +60,13 @@ def test_a_live_run_gains_points_and_events_without_reload(tmp_path, serve, open
                                                                 {"rank": 1, "pid": 3003, "host": "vm-test"}])) + "\n")
     expect(page.locator("#timeline .tl-marker[data-kind=worker_failed]")).to_have_count(1, timeout=DEADLINE_S * 1000)
     expect(page.locator("#events-table tr[data-kind=attempt_started]").nth(1)).to_contain_text("pid 3003")
+
+    # the log followed: what a worker appends shows without a reload
+    expect(page.locator("#log-view")).to_contain_text("step 1")
+    page.check("#log-follow")
+    with open(run / "logs" / "rank_0.log", "a") as f:
+        f.write("step 2: appended while followed\n")
+    expect(page.locator("#log-view")).to_contain_text("appended while followed", timeout=DEADLINE_S * 1000)
 
     # all ranks, by time: the stream is opened again for the new query and goes on adding points
     page.select_option("#ranks", "all")

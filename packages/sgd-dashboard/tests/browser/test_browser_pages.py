@@ -203,3 +203,42 @@ def test_a_restart_shows_on_the_timeline_and_in_the_worker_table(tmp_path, serve
     page.mouse.move(400, 400)
     make.screenshot(page, "run")
     assert w.foreign(server.url) == [] and w.failed == [] and w.errors == []
+
+
+def test_a_token_is_asked_once_then_kept_in_a_cookie(tmp_path, serve, open_page, make):
+    """With a token, the page opened once with ?token= works whole (its API calls and its event
+    stream carry the cookie); a browser without it is refused."""
+    make.run(tmp_path, "live", status="RUNNING", iterations=5)
+    token = "3f1c9a7e5b2d4c6a8e0f1b3d5c7a9e2f"
+    server = serve(tmp_path, token=token)
+    w = open_page(f"{server.url}/?token={token}")
+    w.page.locator("#runs-table td.name a").click()
+    w.page.wait_for_selector(".chart-panel[data-metric=loss] canvas")
+    expect(w.page.locator("#live")).to_be_visible()
+    assert w.failed == [] and w.errors == []
+    stranger = open_page(f"{server.url}/")
+    assert stranger.failed and stranger.failed[0].startswith("403 ")
+    assert "token" in stranger.page.locator("body").inner_text()
+
+
+def test_stacks_only_when_allowed_and_shown_as_text(tmp_path, serve, open_page, make):
+    """The Stacks button is there only with allow_stacks and a running run; pressing it writes the
+    request file (the test answers as the driver would) and shows the answer."""
+    from sgd_testing import wait_for
+
+    run = make.run(tmp_path, "live", status="RUNNING", iterations=5)
+    plain = serve(tmp_path)
+    w = open_page(f"{plain.url}/#/run/{plain.run_id('live')}")
+    w.page.wait_for_selector(".chart-panel canvas")
+    expect(w.page.locator("#stacks")).to_have_count(0)
+
+    server = serve(tmp_path, allow_stacks=True)
+    w = open_page(f"{server.url}/#/run/{server.run_id('live')}")
+    w.page.locator("#stacks").click()
+    ask = wait_for(lambda: (run / "stacks.request").is_file() and (run / "stacks.request").read_text(), timeout=15,
+                   message="the page's request made no stacks.request")
+    (run / "stacks.txt").write_text(ask + "\n=== rank 0 (pid 1000 on vm-test) ===\n  File \"train.py\", line 7, in "
+                                    + XSS + "\n")
+    expect(w.page.locator("#stacks-out")).to_contain_text('File "train.py", line 7', timeout=15_000)
+    assert XSS in w.page.locator("#stacks-out").inner_text()
+    assert w.failed == [] and w.errors == [] and w.dialogs == []
