@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from sgd import runs
 from sgd_dashboard.files import OutsideRoot, Root, read_json, stat_key, tail_lines
-from sgd_dashboard.rounds import OWN_FIELDS, flat, is_numeric, number, parse_round, sample_lines
+from sgd_dashboard.rounds import OWN_FIELDS, WHOLE_FILE, flat, is_numeric, number, parse_round, sample_lines
 
 #: Points of a run's sparkline.
 SPARK_POINTS = 64
@@ -101,10 +101,14 @@ def summarize(root: Root, path: Path, entry_id: str, name: str) -> RunEntry:
     entry.trial = isinstance(settings, dict) and settings.get("trial_id") is not None
     results = path / runs.RESULTS_FILE
     try:
-        last_lines = tail_lines(root, results, 1)
+        root.check(results)
+        sampled = sample_lines(str(results), SPARK_POINTS)[0]
+        # A small file is read whole by the sampling, which keeps its last line; a large one's end is read.
+        small = (stat_key(results) or (0, 0))[0] <= WHOLE_FILE
+        last_lines = sampled[-1:] if small else tail_lines(root, results, 1)
     except OutsideRoot as exc:
         entry.problems.append(str(exc))
-        last_lines = []
+        sampled, last_lines = [], []
     last = parse_round(last_lines[-1]) if last_lines else None
     entry.num_workers = workers_of(settings, last)
     if last:
@@ -112,7 +116,7 @@ def summarize(root: Root, path: Path, entry_id: str, name: str) -> RunEntry:
         entry.iterations = int(iteration) if iteration == iteration else 0
         metric = headline_metric(last[0])
         if metric is not None:
-            spark = [_value(first_result(raw), metric) for raw in sample_lines(str(results), SPARK_POINTS)[0]]
+            spark = [_value(first_result(raw), metric) for raw in sampled]
             entry.metric = {"name": metric, "last": _value(last[0], metric), "spark": spark or None}
     return entry
 

@@ -14,6 +14,8 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 OWN_FIELDS = ("_training_iteration", "_timestamp", "_time_this_iter_s", "_date", "_time_total_s", "_pid",
               "_hostname", "_node_ip")
 NAN = float("nan")
+#: A file up to this size is sampled by reading it whole.
+WHOLE_FILE = 256 * 1024
 
 
 def parse_round(raw: bytes) -> Optional[List[Dict[str, Any]]]:
@@ -75,7 +77,7 @@ def sample_lines(path: str, count: int, max_line: int = 1 << 20) -> Tuple[List[b
         return [], 0
     with f:
         size = f.seek(0, os.SEEK_END)
-        if size <= 256 * 1024:
+        if size <= WHOLE_FILE:
             f.seek(0)
             lines, end = complete_lines(f.read())
             lines = [ln for ln in lines if ln.strip()]
