@@ -242,3 +242,34 @@ def test_stacks_only_when_allowed_and_shown_as_text(tmp_path, serve, open_page, 
     expect(w.page.locator("#stacks-out")).to_contain_text('File "train.py", line 7', timeout=15_000)
     assert XSS in w.page.locator("#stacks-out").inner_text()
     assert w.failed == [] and w.errors == [] and w.dialogs == []
+
+
+def test_the_page_functions_take_any_shape_of_event_and_series(tmp_path, serve, open_page):
+    """The page's own modules, called in the browser: an event of each kind with no fields, with
+    fields of the wrong type, of a kind this page does not know, becomes a sentence (never an
+    exception); smoothing keeps gaps; a restart's repeated iterations are ordered, later wins."""
+    server = serve(tmp_path)
+    w = open_page(server.url + "/")
+    got = w.page.evaluate("""async () => {
+        const ev = await import('/static/js/events.js');
+        const ch = await import('/static/js/charts.js');
+        const kinds = ['run_started', 'attempt_started', 'worker_failed', 'host_lost', 'drain_notice', 'resize',
+            'reformed', 'restart', 'checkpoint_persisted', 'checkpoint_deleted', 'checkpoint_rejected', 'hang',
+            'run_finished', 'run_failed', 'run_stopped', 'run_interrupted', 'driver_died', 'from_the_future'];
+        const bare = kinds.map((k) => ev.describe({event: k}));
+        const odd = kinds.map((k) => ev.describe({event: k, workers: 'x', survivors: 5, hosts: null, ranks: 'r',
+            stragglers: {}, rank: {a: 1}}));
+        return {bare, odd, none: ev.describe({}), lane: ev.laneOf('from_the_future'),
+            ema: ch.ema([1, null, 3, 3], 0.5), ordered: ch.ordered([1, 2, 3, 2, 3, 4], [10, 20, 30, 21, 31, 41], true),
+            byTime: ch.ordered([5, 5, 6], [1, 2, 3], false), joined: ch.join([[[1, 2], [7, null]], [[2, 3], [8, 9]]]),
+            clean: ch.clean([1, 'nan', Infinity, null, -1, 0], true)};
+    }""")
+    assert all(isinstance(t, str) and t for t in got["bare"] + got["odd"])
+    assert got["bare"][2].startswith("rank ? (pid ? on ?)") and got["bare"][-1].startswith("from_the_future")
+    assert got["none"].startswith("unknown") and got["lane"] == "other"
+    assert got["ema"][1] is None and got["ema"][0] == 1 and 1 < got["ema"][2] < 3
+    assert got["ordered"] == [[1, 2, 3, 4], [10, 21, 31, 41]]
+    assert got["byTime"] == [[5, 5, 6], [1, 2, 3]]
+    assert got["joined"][0] == [1, 2, 3] and got["joined"][1][1] is None and got["joined"][2][2] == 9
+    assert got["clean"] == [1, None, None, None, None, None]
+    assert w.errors == []

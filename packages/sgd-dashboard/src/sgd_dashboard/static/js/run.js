@@ -193,8 +193,19 @@ export function mountRun(root, id, ctx) {
     const [ts, its] = pairs;
     let lo = 0, hi = ts.length - 1;
     if (t <= ts[0]) return its[0];
+    // after the pairs fetched with the series: a live event, at the iteration the run is at now
+    if (t > ts[hi]) return latestIteration() ?? its[hi];
     while (lo < hi) { const mid = (lo + hi + 1) >> 1; if (ts[mid] <= t) lo = mid; else hi = mid - 1; }
     return its[lo];
+  }
+
+  function latestIteration() {
+    let most = null;
+    for (const byRank of store.values()) for (const s of byRank.values()) {
+      const x = s.x[s.x.length - 1];
+      if (typeof x === "number" && (most === null || x > most)) most = x;
+    }
+    return most;
   }
 
   function queueDraw() {
