@@ -198,9 +198,11 @@ def write_run(root: Path, name: str, *, status: str = "FINISHED", ranks: int = 2
               t0: Optional[float] = None, metrics: Callable[[int, int], Dict[str, Any]] = loss,
               events: Optional[List[Dict[str, Any]]] = None, lines: Optional[List[str]] = None,
               logs: Optional[Dict[int, str]] = None, checkpoints: Optional[List[int]] = None,
-              settings: Optional[Dict[str, Any]] = None) -> Path:
+              settings: Optional[Dict[str, Any]] = None, driver_alive: bool = True) -> Path:
     """A run folder as sgd writes it: trainer.json, status.json, results.jsonl (``lines``, else
-    ``iterations`` rounds of ``metrics``), events.jsonl, logs/rank_N.log and checkpoints."""
+    ``iterations`` rounds of ``metrics``), events.jsonl, logs/rank_N.log and checkpoints. A
+    ``RUNNING`` run's driver is this process (alive), or with ``driver_alive=False`` a pid that does
+    not exist on this host (the run reads as ``DRIVER_DIED``)."""
     run = root / name
     run.mkdir(parents=True)
     t0 = time.time() - iterations - 60 if t0 is None else t0
@@ -211,8 +213,9 @@ def write_run(root: Path, name: str, *, status: str = "FINISHED", ranks: int = 2
     if lines is None:
         lines = rounds(1, iterations, ranks, t0, metrics)
     last = json.loads(lines[-1])[0]["_timestamp"] + 1 if lines else t0
+    driver = os.getpid() if running and driver_alive else 999_999_999
     (run / "status.json").write_text(json.dumps({
-        "status": status, "time": t0 if running else last, "pid": os.getpid() if running else 999_999_999,
+        "status": status, "time": t0 if running else last, "pid": driver,
         "host": socket.gethostname() if running else HOST, "attempt": 1}))
     os.utime(run / "trainer.json", (t0, t0))  # the run's start, as the index reads it
     (run / "results.jsonl").write_text("".join(line + "\n" for line in lines))

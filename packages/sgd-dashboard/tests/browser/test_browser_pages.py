@@ -63,15 +63,17 @@ def test_every_view_talks_to_the_server_only(tmp_path, serve, open_page, make):
                          traceback='Traceback (most recent call last):\n  File "train.py"\nValueError: loss is NaN')
     make.run(tmp_path, "exp/run_failed", status="ERRORED", iterations=25, events=[failure])
     make.run(tmp_path, "old_run_no_events", iterations=8)
+    make.run(tmp_path, "exp/driver_killed", status="RUNNING", driver_alive=False, iterations=15)
     server = serve(tmp_path)
     w = open_page(server.url + "/")
     page = w.page
 
     # runs: every run listed with its badge, sortable, filterable
-    expect(page.locator("#runs-table tbody tr")).to_have_count(4)
-    assert page.locator("#runs-table tbody tr[data-run-id] .badge").count() == 4
+    expect(page.locator("#runs-table tbody tr")).to_have_count(5)
+    assert page.locator("#runs-table tbody tr[data-run-id] .badge").count() == 5
     assert page.locator(".badge[data-status=ERRORED]").count() == 1
-    assert page.locator("#runs-table svg.spark path").count() == 4
+    assert page.locator(".badge[data-status=DRIVER_DIED]").inner_text() == "driver died"
+    assert page.locator("#runs-table svg.spark path").count() == 5
     page.locator("th[data-sort=name]").click()  # ascending by name
     names = page.locator("#runs-table td.name a").all_text_contents()
     assert names == sorted(names)
@@ -80,7 +82,7 @@ def test_every_view_talks_to_the_server_only(tmp_path, serve, open_page, make):
     page.fill("input.filter", "fail")
     expect(page.locator("#runs-table tbody tr")).to_have_count(1)
     page.fill("input.filter", "")
-    expect(page.locator("#runs-table tbody tr")).to_have_count(4)
+    expect(page.locator("#runs-table tbody tr")).to_have_count(5)
     make.screenshot(page, "runs")
 
     # compare: tick two runs
