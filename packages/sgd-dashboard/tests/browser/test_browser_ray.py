@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import threading
 import time
@@ -94,6 +95,16 @@ def test_a_killed_worker_shows_on_the_timeline_with_its_new_pid(ray_cluster, tmp
         assert not driver.is_alive() and "error" not in outcome, outcome.get("error")
         expect(page.locator("#run-name .badge")).to_have_attribute("data-status", "FINISHED", timeout=15_000)
         assert w.foreign(server.url) == [] and w.errors == [] and w.dialogs == []
+
+        # the folder copied elsewhere (a laptop): the same story from the files alone
+        copy = tmp_path / "laptop" / "the_run"
+        shutil.copytree(run_dir, copy)
+        laptop = serve(copy.parent)
+        w = open_page(f"{laptop.url}/#/run/{laptop.api('/api/runs')['runs'][0]['id']}")
+        expect(w.page.locator("#timeline .tl-marker[data-kind=worker_failed]")).to_have_count(1)
+        expect(w.page.locator("#events-table tr[data-kind=attempt_started]").nth(1)).to_contain_text(f"pid {new}")
+        w.page.wait_for_selector(".chart-panel[data-metric=loss] canvas")
+        assert w.failed == [] and w.errors == []
     finally:
         trainer.shutdown()
         driver.join(timeout=60)
