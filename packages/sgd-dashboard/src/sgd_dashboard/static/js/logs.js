@@ -8,7 +8,7 @@ const MAX_CHARS = 2_000_000; // what the page keeps of one log; older text is dr
 
 /** Mount the logs panel into `card`; returns its stop function. */
 export function mountLogs(card, runId, banner) {
-  let logs = [], current = null, offset = 0, size = 0, timer = null, stopped = false, text = "", fromStart = false;
+  let logs = [], current = null, offset = 0, size = 0, timer = null, stopped = false, text = "", fromStart = false, generation = 0;
   const select = h("select", { id: "log-select", "aria-label": "log", onchange: () => open(select.value) });
   const search = h("input", { type: "search", id: "log-search", placeholder: "Search this log…", "aria-label": "Search the log",
     onchange: () => open(current), onsearch: () => open(current) });
@@ -37,6 +37,7 @@ export function mountLogs(card, runId, banner) {
   }
 
   function open(id) {
+    generation += 1; // an answer still on its way for the log shown before is dropped
     current = id;
     offset = 0;
     text = "";
@@ -47,12 +48,13 @@ export function mountLogs(card, runId, banner) {
   async function read(first) {
     if (!current) return;
     const q = search.value.trim();
+    const mine = generation;
     let got;
     try {
       // a log opens at its end (the last chunk), as `tail` does; a search goes from the start
       got = await getJSON(runPath(runId, "logs", current), { offset, q, tail: first && !q && !fromStart ? 1 : "" });
     } catch (e) { if (!stopped) banner(`Log: ${e.message}`); return; }
-    if (stopped) return;
+    if (stopped || mine !== generation) return;
     const chunk = String(got.text || "");
     if (first) start.hidden = !(typeof got.start === "number" && got.start > 0);
     fromStart = false;
