@@ -21,11 +21,12 @@ from sgd_dashboard.app import Dashboard, Json, error
 from sgd_dashboard.columns import FOREGROUND, RunColumns
 from sgd_dashboard.detail import run_detail, sampled_metric_names, workers
 from sgd_dashboard.files import OutsideRoot
+from sgd_dashboard.index import first_result
 from sgd_dashboard.rounds import sample_lines
 from sgd_dashboard.series import BadQuery, Query, parse_query, series_of, unknown_names
 
 #: Lines sampled across a large run's results for a first chart, while its columns are read.
-SAMPLED_LINES = 2000
+SAMPLED_LINES = 1000
 
 
 def metric_data(dashboard: Dashboard, rid: str, query: Query) -> Dict[str, Any]:
@@ -52,8 +53,14 @@ def metric_data(dashboard: Dashboard, rid: str, query: Query) -> Dict[str, Any]:
         series, total, cut = series_of(run, query, columns, rows)
         return {"x_axis": query.x_axis, "series": series, "total_points": total, "downsampled": cut,
                 "complete": True, "offset": offset, "bad_lines": run.bad_lines}
-    lines, offset = sample_lines(str(path), max(SAMPLED_LINES, query.max_points or SAMPLED_LINES))
-    sample = RunColumns.of_lines(dashboard.root, lines)
+    lines, offset = sample_lines(str(path), SAMPLED_LINES)
+    if query.ranks == [0]:  # decode rank 0's dict only
+        sample = RunColumns(dashboard.root, path)
+        for raw in lines:
+            first = first_result(raw)
+            sample.add_round(None if first is None else [first])
+    else:
+        sample = RunColumns.of_lines(dashboard.root, lines)
     series, total, cut = series_of(sample, query)
     return {"x_axis": query.x_axis, "series": series, "total_points": max(total, entry.iterations),
             "downsampled": True, "complete": False, "offset": offset, "bad_lines": sample.bad_lines,

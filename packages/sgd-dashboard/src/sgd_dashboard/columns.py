@@ -16,7 +16,7 @@ import time
 from array import array
 from collections import OrderedDict
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -120,7 +120,10 @@ class RunColumns:
         return used
 
     def _add(self, raw: bytes) -> None:
-        ranks = parse_round(raw)
+        self.add_round(parse_round(raw))
+
+    def add_round(self, ranks: Optional[List[Dict[str, Any]]]) -> None:
+        """Add one round (its per-rank dicts; ``None``: a damaged line, counted)."""
         if ranks is None:
             self.bad_lines += 1
             return

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -25,6 +26,8 @@ SPARK_POINTS = 64
 HEADLINE = ("loss", "train_loss", "val_loss", "eval_loss", "accuracy", "acc")
 SORTS = {"started", "name", "status", "duration", "iterations"}
 _DECODER = json.JSONDecoder()
+#: The files whose size and mtime say whether a run's summary is still good.
+_WATCHED = (runs.SETTINGS_FILE, runs.STATUS_FILE, runs.RESULTS_FILE)
 
 
 @dataclass
@@ -59,7 +62,15 @@ def run_id(relative: str) -> str:
 
 
 def _signature(path: Path) -> Tuple[Any, ...]:
-    return tuple(stat_key(path / name) for name in (runs.SETTINGS_FILE, runs.STATUS_FILE, runs.RESULTS_FILE))
+    folder = str(path)
+    out: List[Optional[Tuple[int, int]]] = []
+    for name in _WATCHED:
+        try:
+            st = os.stat(os.path.join(folder, name))
+            out.append((st.st_size, st.st_mtime_ns))
+        except OSError:
+            out.append(None)
+    return tuple(out)
 
 
 def headline_metric(result: Dict[str, Any]) -> Optional[str]:
@@ -179,7 +190,12 @@ class RunIndex:
         except FileNotFoundError:
             found = []
         fresh: Dict[str, RunEntry] = {}
+        known = {e.path: e for e in self._entries.values()}
         for path in found:
+            old = known.get(path)
+            if old is not None:  # checked when found (and every file read is checked again: files.Root)
+                fresh[old.id] = self._current(old)
+                continue
             if not self.root.inside(path):
                 continue  # a symlink to a folder elsewhere
             name = self.root.relative(path)
