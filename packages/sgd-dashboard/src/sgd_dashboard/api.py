@@ -88,6 +88,7 @@ def routes(dashboard: Dashboard) -> List[Route]:
 
     @_first
     def list_runs(request: Request) -> Response:
+        """GET /api/runs: the runs table."""
         p = request.query_params
         try:
             rows = dashboard.index.listing(q=p.get("q", ""), sort=p.get("sort") or "-started",
@@ -98,6 +99,7 @@ def routes(dashboard: Dashboard) -> List[Route]:
 
     @_first
     def get_run(request: Request) -> Response:
+        """GET /api/runs/<id>: one run's settings, status, error and metric names."""
         entry = dashboard.run(request.path_params["rid"])
         state = dashboard.state(entry)
         state.events.update()
@@ -107,6 +109,7 @@ def routes(dashboard: Dashboard) -> List[Route]:
 
     @_first
     def get_metrics(request: Request) -> Response:
+        """GET /api/runs/<id>/metrics: chart series, downsampled."""
         try:
             query = parse_query(request.query_params)
             return Json(metric_data(dashboard, request.path_params["rid"], query))
@@ -114,6 +117,7 @@ def routes(dashboard: Dashboard) -> List[Route]:
             return error(400, str(exc))
 
     def get_export(request: Request) -> Response:
+        """GET /api/runs/<id>/export: the series at full resolution, as CSV or JSON."""
         fmt = request.query_params.get("format") or "csv"
         if fmt not in ("csv", "json"):
             return error(400, f"format={fmt!r}: use format=csv or format=json")
@@ -140,27 +144,32 @@ def routes(dashboard: Dashboard) -> List[Route]:
         return Response(out.getvalue(), media_type="text/csv; charset=utf-8", headers=disposition)
 
     def get_events(request: Request) -> Response:
+        """GET /api/runs/<id>/events: the run's events."""
         entry = dashboard.run(request.path_params["rid"])
         events = dashboard.state(entry).events.update()
         return Json({"events": events.events, "bad_lines": events.bad_lines, "offset": events.offset,
                      "dropped": events.dropped, "has_events": (entry.path / runs.EVENTS_FILE).is_file()})
 
     def get_workers(request: Request) -> Response:
+        """GET /api/runs/<id>/workers: the workers table."""
         entry = dashboard.run(request.path_params["rid"])
         events = dashboard.state(entry).events.update()
         return Json({"workers": workers(dashboard.root, entry, events.events)})
 
     def get_checkpoints(request: Request) -> Response:
+        """GET /api/runs/<id>/checkpoints: the checkpoint table."""
         entry = dashboard.run(request.path_params["rid"])
         return Json({"checkpoints": dashboard.state(entry).checkpoints.rows(entry.iterations)})
 
     def get_logs(request: Request) -> Response:
+        """GET /api/runs/<id>/logs: the per-rank logs, one part per attempt."""
         entry = dashboard.run(request.path_params["rid"])
         state = dashboard.state(entry)
         with state.lock:
             return Json({"logs": state.logs.listing()})
 
     def get_log(request: Request) -> Response:
+        """GET /api/runs/<id>/logs/<log_id>: a chunk of one log part, or its lines holding ``q``."""
         entry = dashboard.run(request.path_params["rid"])
         p = request.query_params
         try:

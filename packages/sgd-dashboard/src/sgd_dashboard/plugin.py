@@ -8,6 +8,7 @@ import sgd
 
 @sgd.hookimpl
 def sgd_cli_commands(subparsers):
+    """Add ``sgd dashboard``."""
     from sgd_dashboard.cli import add_dashboard_command
 
     add_dashboard_command(subparsers)

@@ -110,6 +110,7 @@ class Follower:
 
     @property
     def ident(self) -> str:
+        """The id of the next message: where this client is in both files."""
         return f"r{self.results}.e{self.events}"
 
     def poll(self) -> List[str]:
@@ -173,6 +174,7 @@ def routes(dashboard: Dashboard) -> List[Route]:
     """The routes of the stream and the stacks request."""
 
     def open_stream(request: Request) -> Response:
+        """GET /api/runs/<id>/stream: server-sent events of what the run appends."""
         entry = dashboard.run(request.path_params["rid"])
         try:
             query = parse_query(request.query_params) if request.query_params.get("names") else None
@@ -185,6 +187,7 @@ def routes(dashboard: Dashboard) -> List[Route]:
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
     async def request_stacks(request: Request) -> Response:
+        """POST /api/runs/<id>/stacks: the workers' stacks of a running job (``--allow-stacks``)."""
         if not dashboard.allow_stacks:
             return error(403, "stacks are off: start the dashboard with --allow-stacks to let the page ask a "
                               "running job for its workers' Python stacks")
