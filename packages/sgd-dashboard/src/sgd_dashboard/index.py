@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from sgd import runs
 from sgd_dashboard.files import OutsideRoot, Root, read_json, stat_key, tail_lines
-from sgd_dashboard.rounds import OWN_FIELDS, WHOLE_FILE, flat, is_numeric, number, parse_round, sample_lines
+from sgd_dashboard.rounds import NAN, OWN_FIELDS, WHOLE_FILE, flat, is_numeric, number, parse_round, sample_lines
 
 #: Points of a run's sparkline.
 SPARK_POINTS = 64
@@ -26,6 +27,7 @@ SPARK_POINTS = 64
 HEADLINE = ("loss", "train_loss", "val_loss", "eval_loss", "accuracy", "acc")
 SORTS = {"started", "name", "status", "duration", "iterations"}
 _DECODER = json.JSONDecoder()
+INF = float("inf")
 #: The files whose size and mtime say whether a run's summary is still good.
 _WATCHED = (runs.SETTINGS_FILE, runs.STATUS_FILE, runs.RESULTS_FILE)
 
@@ -127,7 +129,8 @@ def summarize(root: Root, path: Path, entry_id: str, name: str) -> RunEntry:
         entry.iterations = int(iteration) if iteration == iteration else 0
         metric = headline_metric(last[0])
         if metric is not None:
-            spark = [_value(first_result(raw), metric) for raw in sampled]
+            pattern = _number_of(metric)
+            spark = [_spark_value(raw, metric, pattern) for raw in sampled]
             entry.metric = {"name": metric, "last": _value(last[0], metric), "spark": spark or None}
     return entry
 
@@ -143,6 +146,27 @@ def first_result(raw: bytes) -> Optional[Dict[str, Any]]:
     except ValueError:
         return None
     return value if isinstance(value, dict) else None
+
+
+def _number_of(metric: str) -> re.Pattern[bytes]:
+    key = json.dumps(metric, ensure_ascii=False)[1:-1].encode("utf-8")
+    return re.compile(rb'[{,]\s*"' + re.escape(key) + rb'"\s*:\s*(-?[0-9][0-9.eE+-]*)\s*[,}]')
+
+
+def _spark_value(raw: bytes, metric: str, pattern: re.Pattern[bytes]) -> Optional[float]:
+    """Rank 0's ``metric`` in a line: found by a regular expression in rank 0's dict when that dict
+    holds no nested one (most do not; far cheaper than decoding it), else decoded."""
+    end = raw.find(b"}")
+    head = raw[:end + 1]
+    if end > 0 and head.count(b"{") == 1:
+        m = pattern.search(head)
+        if m is not None:
+            try:
+                v = float(m.group(1))
+            except ValueError:
+                v = NAN
+            return v if -INF < v < INF else None
+    return _value(first_result(raw), metric)
 
 
 def _value(result: Optional[Dict[str, Any]], metric: str) -> Optional[float]:
