@@ -112,3 +112,19 @@ def test_minmax_downsampling():
     keep = minmax_indices(y, 10)  # buckets with no number keep one point: a gap
     assert all(np.isnan(y[k]) for k in keep if k >= 10) and len(keep) <= 10
     assert len(minmax_indices(np.random.default_rng(0).random(1_000_001), 2000)) <= 2000
+
+
+def test_a_sparkline_point_read_fast_is_the_decoded_one():
+    import json
+
+    from sgd_dashboard.index import _number_of, _spark_value, _value, first_result
+
+    lines = [[{"loss": 1.5, "a": 2}, {"loss": 9}], [{"a": 2, "loss": -3e-5}], [{"model": {"loss": 7}, "loss": 1.0}],
+             [{"s": "x}y", "loss": 4}], [{"s": 'a, "loss": 5'}], [{"loss": "nan"}], [{"loss": None}], [{"x": 1}],
+             [{"loss2": 3, "loss": 5}], [{"<img src=x onerror=alert(1)>": 2}], [{"loss": 1e308, "b": [1, {"c": 2}]}]]
+    for line in lines:
+        raw = json.dumps(line).encode()
+        for metric in ("loss", "<img src=x onerror=alert(1)>"):
+            assert _spark_value(raw, metric, _number_of(metric)) == _value(first_result(raw), metric), (line, metric)
+    assert _spark_value(b'[{"loss": NaN}]', "loss", _number_of("loss")) is None
+    assert _spark_value(b'[{"loss": 2.5, "_pid": 1}]', "loss", _number_of("loss")) == 2.5
