@@ -13,6 +13,10 @@ Runtime: 80 s for the two tests on the shared 2-core machine under load (TensorF
 each worker); about 30 s idle.
 """
 
+import os
+import subprocess
+import sys
+
 import pytest
 import ray
 
@@ -69,6 +73,17 @@ def test_tensorflow_linear(ray_start_4_cpus, num_workers):
 
 def test_tensorflow_linear_local_mode(ray_start_4_cpus):
     """Also tests the Keras callback."""
+    if "keras" in sys.modules and "tf_keras" not in sys.modules:
+        # sgd: local mode trains in this process, whose tf.keras an earlier test in it may have made
+        # Keras 3 (Ray's example needs the legacy one, which TensorflowConfig chooses in a fresh
+        # process): this test alone, in a fresh process, as a user's script would run.
+        env = {**os.environ, "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "3"}
+        env.pop("PYTEST_XDIST_WORKER", None)
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                               f"{__file__}::test_tensorflow_linear_local_mode"], env=env, capture_output=True,
+                              text=True, timeout=280)
+        assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+        return
     epochs = 1
 
     def train_func(config):

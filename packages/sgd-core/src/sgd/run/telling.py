@@ -14,6 +14,7 @@ from sgd.errors import TrainingHangError, WorkerDiedError
 from sgd.group.status import Barrier
 from sgd.run.states import RunState
 from sgd.storage.events import EventLog, error_fields
+from sgd.storage.reading import sgd_version
 
 #: The event written when a run ends, by how it ended.
 _END_EVENTS = {RunState.FINISHED: "run_finished", RunState.ERRORED: "run_failed", RunState.STOPPED: "run_stopped"}
@@ -56,8 +57,6 @@ class RunEvents:
                     previous: Optional[Dict[str, Any]]) -> None:
         """A driver took the run. ``previous``: the status the last driver left (a resumed run):
         when it never closed the run, a ``driver_died`` event for it comes first."""
-        from sgd.storage.reading import sgd_version
-
         if previous and previous.get("status") in ("RUNNING", "DRIVER_DIED"):
             self.log.write("driver_died", pid=previous.get("pid"), host=previous.get("host"),
                            driver_attempt=previous.get("attempt"), since=previous.get("time"))

@@ -22,7 +22,7 @@ from typing import IO, Any, Dict, List, Optional, Union
 
 from sgd._common.json_values import finite, json_default
 from sgd._common.public import public_module
-from sgd.redact import redact
+from sgd.redact import redact, redact_text
 
 #: The run folder's event log.
 EVENTS_FILE = "events.jsonl"
@@ -60,8 +60,6 @@ def error_fields(error: BaseException) -> Dict[str, Any]:
     """``error_type``, ``message`` and ``traceback`` of an exception, for an event: secrets masked
     (:func:`sgd.redact.redact_text`), each cut to :data:`MAX_TEXT` characters. A worker's exception
     brings its remote traceback (:class:`sgd.WorkerError` as its cause)."""
-    from sgd.redact import redact_text
-
     remote = getattr(error, "remote_traceback", None) or getattr(error.__cause__, "remote_traceback", None)
     text = remote if isinstance(remote, str) else "".join(
         _traceback.format_exception(type(error), error, error.__traceback__))
