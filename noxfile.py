@@ -28,7 +28,8 @@ TEST_DEPS = ["pytest>=8", "pytest-timeout", "pytest-xdist",  # pytest-xdist: the
              "hypothesis",  # property-based tests: failure positions and report/checkpoint orders
              "coverage>=7.4",  # nox -s coverage; a test checks that a parked kept process saves its measurement
              "nbclient", "ipykernel", "nbformat",  # tests/test_notebook.py runs the quickstart notebook in a kernel
-             "scikit-learn"]  # sgd-xgboost's tests train on scikit-learn's bundled datasets
+             "scikit-learn",  # sgd-xgboost's tests train on scikit-learn's bundled datasets
+             "playwright"]  # drives Debian's headless Chromium in the dashboard's browser tests (not its own)
 # The test session also installs the packages with heavy optional parts, with those parts.
 TEST_PACKAGES = [
     "packages/sgd-loggers[mlflow,wandb,tensorboard,plot]",
@@ -37,6 +38,7 @@ TEST_PACKAGES = [
     "packages/sgd-horovod",
     "packages/sgd-torch[huggingface,lightning]",
     "packages/sgd-xgboost",  # xgboost and lightgbm (neither pulls torch; xgboost pulls NVIDIA's NCCL library)
+    "packages/sgd-dashboard[test]",  # starlette, uvicorn; httpx for Starlette's test client
 ]
 
 # mypy checks each package's import package, so a user's mypy (which reads the py.typed
@@ -50,6 +52,7 @@ MYPY_TARGETS = [
     "packages/sgd-tune/src/sgd_tune",
     "packages/sgd-testing/src/sgd_testing",
     "packages/sgd-xgboost/src/sgd_xgboost",
+    "packages/sgd-dashboard/src/sgd_dashboard",
 ]
 # mkdocs-material prints a banner about MkDocs 2 on every build; the build log stays readable without it.
 DOCS_ENV = {"NO_MKDOCS_2_WARNING": "1"}
@@ -176,7 +179,8 @@ def lint(session: nox.Session) -> None:
     """ruff on everything, the import contracts (sgd-core's layers, no cycles, plugins use
     only public modules: ``[tool.importlinter]`` in pyproject.toml), mypy on every package,
     and a check that a user's mypy sees the installed packages as typed."""
-    _install(session, "ruff", "mypy", "typing_extensions", "import-linter")
+    # sgd-dashboard with its (light) dependencies: mypy reads starlette's hints.
+    _install(session, "ruff", "mypy", "typing_extensions", "import-linter", "-e", "packages/sgd-dashboard")
     # The packages with heavy frameworks, without them: mypy needs only their own sources.
     no_deps = ["packages/sgd-tune", "packages/sgd-tensorflow", "packages/sgd-horovod", "packages/sgd-xgboost"]
     session.install("--no-deps", *[arg for p in no_deps for arg in ("-e", p)])

@@ -14,14 +14,14 @@ import os
 import threading
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, List, Optional, Union
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
-from starlette.routing import Mount, Route
+from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from sgd_dashboard.artifacts import Checkpoints, RunLogs
@@ -183,7 +183,7 @@ def create_app(root: Union[str, os.PathLike], token: Optional[str] = None, allow
     check_bind(host, token)
     dashboard = Dashboard(Root(root), allow_stacks=allow_stacks, cache_bytes=cache_bytes,
                           stacks_timeout_s=stacks_timeout_s, poll_s=poll_s, heartbeat_s=heartbeat_s)
-    routes = [
+    routes: List[BaseRoute] = [
         Route("/", _index_page, methods=["GET", "HEAD"]),
         *api.routes(dashboard),
         *stream.routes(dashboard),
