@@ -230,6 +230,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=None)
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--follow-s", type=float, default=None)
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where dashboard.{json,md} go")
     args, _ = parser.parse_known_args()  # `nox -s bench` hands every script the same arguments
     count = args.runs or (200 if args.quick else 1000)
     rounds = args.rounds or (100_000 if args.quick else 1_000_000)
@@ -272,7 +273,7 @@ def main() -> None:
     meta = machine(loadavg=loadavg(), loadavg_during=loads, runs=count, rounds=rounds, file_bytes=opened["file_bytes"],
                    columns_bytes=opened["columns_bytes"], follow=live)
     table = write("dashboard", "# sgd-dashboard\n\nListing, opening, live latency and memory "
-                               "(benchmarks/bench_dashboard.py).", meta, cases, RESULTS)
+                               "(benchmarks/bench_dashboard.py).", meta, cases, args.out)
     print(table)
 
 

@@ -143,3 +143,21 @@ def test_a_symlink_out_of_the_folder_is_not_followed(results, tmp_path, client_f
     for url in ("/static/../../../etc/passwd", "/static/%2e%2e/%2e%2e/etc/passwd"):
         r = client.get(url)
         assert r.status_code == 404 and "root:" not in r.text
+
+
+def test_run_files_that_are_symlinks_out_are_not_read(results, tmp_path, client_for):
+    outside = rf.make_run(tmp_path / "outside", "run_secret", rounds=7, metrics=lambda i, r: {"secret_metric": 1.0})
+    run = rf.make_run(results, rounds=3)
+    for name in ("results.jsonl", "trainer.json"):
+        (run / name).unlink()
+        os.symlink(outside / name, run / name)
+    client = client_for(results)
+    (row,) = client.get("/api/runs").json()["runs"]
+    assert row["iterations"] == 0 and row["metric"] is None
+    detail = client.get(f"/api/runs/{row['id']}").json()
+    assert detail["settings"] == {} and detail["metrics"] == []
+    assert "outside the results folder" in " ".join(detail["problems"])
+    r = client.get(f"/api/runs/{row['id']}/metrics", params={"names": "secret_metric"})
+    assert r.status_code == 400 and "secret" not in r.json()["error"].split("its metrics:")[1]
+    assert client.get(f"/api/runs/{row['id']}/workers").status_code == 200
+    assert "secret_metric" not in client.get(f"/api/runs/{row['id']}/export", params={"names": "x"}).text.split(":")[-1]

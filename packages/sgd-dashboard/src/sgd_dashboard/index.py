@@ -97,12 +97,13 @@ def workers_of(settings: Any, last: Optional[List[Dict[str, Any]]]) -> Optional[
 
 
 def summarize(root: Root, path: Path, entry_id: str, name: str) -> RunEntry:
-    """A run's row, read from its files (``trainer.json``, ``status.json``, the ends of ``results.jsonl``)."""
+    """A run's row, read from its files (``trainer.json``, ``status.json``, the ends of ``results.jsonl``);
+    ``path`` is a run folder already found inside the root."""
     entry = RunEntry(id=entry_id, path=path, name=name, signature=_signature(path))
-    settings, problem = read_json(root, path / runs.SETTINGS_FILE)
+    settings, problem = _member_json(root, path, runs.SETTINGS_FILE)
     if problem:
         entry.problems.append(problem)
-    status, problem = read_json(root, path / runs.STATUS_FILE)
+    status, problem = _member_json(root, path, runs.STATUS_FILE)
     if problem:
         entry.problems.append(problem)
     entry.status, entry.ended = status_of(root, path, status)
@@ -114,7 +115,7 @@ def summarize(root: Root, path: Path, entry_id: str, name: str) -> RunEntry:
     entry.trial = isinstance(settings, dict) and settings.get("trial_id") is not None
     results = path / runs.RESULTS_FILE
     try:
-        root.check(results)
+        root.member(path, runs.RESULTS_FILE)
         sampled = sample_lines(str(results), SPARK_POINTS)[0]
         # A small file is read whole by the sampling, which keeps its last line; a large one's end is read.
         small = (stat_key(results) or (0, 0))[0] <= WHOLE_FILE
@@ -133,6 +134,13 @@ def summarize(root: Root, path: Path, entry_id: str, name: str) -> RunEntry:
             spark = [_spark_value(raw, metric, pattern) for raw in sampled]
             entry.metric = {"name": metric, "last": _value(last[0], metric), "spark": spark or None}
     return entry
+
+
+def _member_json(root: Root, run: Path, name: str) -> Tuple[Optional[Any], Optional[str]]:
+    try:
+        return read_json(root, root.member(run, name), checked=True)
+    except OutsideRoot as exc:
+        return None, str(exc)
 
 
 def first_result(raw: bytes) -> Optional[Dict[str, Any]]:
