@@ -159,7 +159,7 @@ def _rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def bench_live(work: Path, samples: int, follow_s: float) -> Dict[str, Any]:
+def bench_live(work: Path, samples: int, follow_s: float, poll_metrics: bool = True) -> Dict[str, Any]:
     import httpx
 
     root = work / "live"
@@ -212,7 +212,8 @@ def bench_live(work: Path, samples: int, follow_s: float) -> Dict[str, Any]:
                 next_round[0] += 10
                 time.sleep(0.1)
                 if time.monotonic() - last_poll >= 5:
-                    client.get(f"/api/runs/{rid}/metrics", params={"names": "loss,acc"})
+                    if poll_metrics:  # as a page opened again would: the run's columns grow with it
+                        client.get(f"/api/runs/{rid}/metrics", params={"names": "loss,acc"})
                     last_poll = time.monotonic()
                     rss.append((round(last_poll - begun, 1), _rss_mb(server.pid)))
             stop.set()
@@ -222,7 +223,7 @@ def bench_live(work: Path, samples: int, follow_s: float) -> Dict[str, Any]:
         server.terminate()
         server.wait(30)
     return {"latency_s": latencies, "rss_mb": rss, "followed_rounds": written_rounds, "received_rounds": received[0],
-            "follow_s": follow_s}
+            "follow_s": follow_s, "metrics_polled": poll_metrics}
 
 
 def main() -> None:
@@ -231,6 +232,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=None)
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--follow-s", type=float, default=None)
+    parser.add_argument("--stream-only", action="store_true",
+                        help="while following, only the event stream (no /metrics every 5 s)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where dashboard.{json,md} go")
     args, _ = parser.parse_known_args()  # `nox -s bench` hands every script the same arguments
     count = args.runs or (200 if args.quick else 1000)
@@ -246,7 +249,7 @@ def main() -> None:
         opened = bench_open(work, rounds, repeat)
         print(f"open {rounds} rounds: {opened['open_s']} (exact after {opened['columns_read_s']})", flush=True)
         loads["before_live"] = loadavg()
-        live = bench_live(work, 20 if args.quick else 50, follow_s)
+        live = bench_live(work, 20 if args.quick else 50, follow_s, poll_metrics=not args.stream_only)
         print(f"latency {live['latency_s']}, rss {live['rss_mb']}", flush=True)
 
     def case(name: str, values: List[float], unit: str, target: str, limit: Optional[float] = None) -> Dict[str, Any]:
