@@ -14,11 +14,13 @@ import os
 from pathlib import Path
 from typing import Any, List, Optional, Tuple, Union
 
+from sgd.errors import PicklableError
+
 #: The most bytes one JSON settings/status file may have to be read (a larger one is shown as damaged).
 MAX_JSON_BYTES = 4 << 20
 
 
-class OutsideRoot(PermissionError):
+class OutsideRoot(PicklableError, PermissionError):
     """A path resolves outside the results folder (``..``, an absolute name, a symlink out)."""
 
 

@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from sgd.errors import PicklableError
 from sgd_dashboard.columns import RunColumns
 
 X_AXES = {"iteration": "_training_iteration", "time": "_timestamp"}
@@ -21,7 +22,7 @@ MAX_POINTS = 100_000
 MAX_NAMES = 64
 
 
-class BadQuery(ValueError):
+class BadQuery(PicklableError, ValueError):
     """A query parameter the endpoint cannot use (the message says which and what it takes)."""
 
 
