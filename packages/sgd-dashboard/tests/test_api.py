@@ -150,6 +150,16 @@ def test_workers_and_the_straggler_rule(results, client_for):
     assert abs(workers[2]["s_per_iter"] - 0.6) < 1e-9 and workers[0]["since_last_report_s"] > 0
 
 
+def test_the_slower_of_two_ranks_is_a_straggler(results, client_for):
+    # the console's rule with 2 ranks: the median is the faster rank's time
+    rf.make_run(results, rounds=30, ranks=2, status="RUNNING", pid=__import__("os").getpid(),
+                dt=lambda i, r: 0.6 if r == 1 else 0.5)
+    client = client_for(results)
+    (row,) = client.get("/api/runs").json()["runs"]
+    workers = client.get(f"/api/runs/{row['id']}/workers").json()["workers"]
+    assert [w["straggler"] for w in workers] == [False, True]
+
+
 def test_checkpoints(one_run):
     client, rid, run = one_run
     rows = client.get(f"/api/runs/{rid}/checkpoints").json()["checkpoints"]

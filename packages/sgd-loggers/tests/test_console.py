@@ -170,3 +170,14 @@ def test_progress_names_the_slowest_rank_of_the_last_rounds(terminal):
         cb.handle_result(round_([0.40, 0.40, 0.40]))
     assert "slowest" not in frames_of(read())[-1]
     cb.finish_training()
+
+
+def test_progress_names_the_slower_of_two_ranks(terminal):
+    # Two ranks: the median is the faster one's time (the lower middle), so the slower one shows.
+    stream, read = terminal
+    cb = ProgressCallback(stream=stream, refresh_s=0)
+    cb.start_training(logdir="/results/train_a/run_001", config={})
+    for _ in range(3):
+        cb.handle_result([{"loss": 0.5, "_training_iteration": 1, "_time_this_iter_s": t} for t in (0.40, 0.60)])
+    assert "slowest rank 1: 0.60 s/iter" in frames_of(read())[-1]
+    cb.finish_training()

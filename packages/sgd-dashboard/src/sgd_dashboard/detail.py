@@ -158,8 +158,8 @@ def workers(root: Root, entry: RunEntry, events: List[Dict[str, Any]], now: Opti
         row["host"] = row["host"] or result.get("_hostname")
         row["pid"] = row["pid"] if row["pid"] is not None else result.get("_pid")
     sums = _window_sums(window)
-    # The console line's median: the middle of the sorted sums, the upper one of an even count.
-    median = sorted(sums)[len(sums) // 2] if sums else 0.0
+    # The console line's median: the middle of the sorted sums, the lower one of an even count.
+    median = sorted(sums)[(len(sums) - 1) // 2] if sums else 0.0
     for rank, row in rows.items():
         fail = failed.get(rank)
         if fail is not None and (fail.get("pid") in (None, row.get("pid"))):

@@ -157,7 +157,9 @@ class ProgressCallback(TrainingCallback):
                 self._sums[i] -= t
         n = len(self._window)
         rank = max(range(len(self._sums)), key=self._sums.__getitem__)
-        median = sorted(self._sums)[len(self._sums) // 2]
+        # The lower middle of an even count: with 2 ranks, the faster one (the upper middle was the
+        # slowest itself, so a pair never showed a straggler).
+        median = sorted(self._sums)[(len(self._sums) - 1) // 2]
         if self._sums[rank] < 1.1 * median or self._sums[rank] <= 0:
             return ""
         return f" | slowest rank {rank}: {self._sums[rank] / n:.2f} s/iter (median {median / n:.2f})"
