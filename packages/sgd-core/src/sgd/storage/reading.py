@@ -10,6 +10,7 @@ was killed shows ``DRIVER_DIED`` when the driver ran on this host (its pid is go
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -153,8 +154,10 @@ def check_format(run: Path) -> Path:
     return run
 
 
+@functools.lru_cache(maxsize=1)
 def sgd_version() -> str:
-    """The installed sgd-core's version (what a run folder records it was written by)."""
+    """The installed sgd-core's version (what a run folder records it was written by); looked up
+    once per process (a scan of the installed distributions, which every run start asked again)."""
     import importlib.metadata
 
     try:
