@@ -212,10 +212,8 @@ class ActiveRun(_Recovery):
                 reforming = self.history[-2]
                 self.events.reformed(self._before_reform, getattr(reforming, "attempt", 0))
             else:
-                loaded = self._manager.loaded_from
-                from_checkpoint = self._launched_with is not None and loaded is not None
-                self.events.attempt_started(self._launched_at,
-                                            loaded.name if from_checkpoint and loaded is not None else None)
+                loaded = self._manager.loaded_from if self._launched_with is not None else None
+                self.events.attempt_started(self._launched_at, loaded.name if loaded is not None else None)
         elif isinstance(state, Resizing):
             self.events.resize(state.resize.num_workers, state.resize.reason)
         elif isinstance(state, Reforming):
